@@ -1,0 +1,29 @@
+// Every environment knob the library reads, in one place (README.md has the table).
+// Each getter parses strictly: a malformed value throws fp8proj::Error naming the variable.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace fp8proj::env {
+
+// FP8PROJ_PREFILL_FP8: 0/off -> disabled; 1/on/prefill -> policy "prefill"; all -> "all".
+// nullopt when unset (the caller's options stand).
+struct Fp8Switch {
+  bool enabled = false;
+  bool policy_all = false;
+};
+std::optional<Fp8Switch> prefill_fp8();
+
+std::optional<int64_t> min_fp8_tokens();      // FP8PROJ_MIN_FP8_TOKENS (FP8 when M > value)
+std::optional<int64_t> decode_ceiling();      // FP8PROJ_DECODE_CEILING (prefill policy)
+std::optional<std::string> fp8_backend();     // FP8PROJ_FP8_BACKEND (auto | backend name)
+std::optional<std::string> tune_file();       // FP8PROJ_TUNE_FILE
+std::optional<std::string> log_level();       // FP8PROJ_LOG_LEVEL
+
+// Raw access for the knobs above (exposed for tests).
+std::optional<std::string> get(const char* name);
+std::optional<int64_t> get_int(const char* name, int64_t min_value);
+
+}  // namespace fp8proj::env

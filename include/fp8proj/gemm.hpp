@@ -1,0 +1,84 @@
+// GEMM backends behind one small interface:   D[M, N] (bf16) = A[M, K] . B[N, K]^T
+//
+// A backend is stateless and describes what it can do; a plan binds it to one weight
+// (B) and owns everything a call needs (workspaces, cached algorithms, per-M tile choices),
+// all made at construction. Plan::run neither allocates nor synchronises, so it can be
+// captured in a CUDA graph.
+//
+// Backends (name, kind, space):
+//   cpu_reference       bf16 + fp8_block   host    the oracle (dequantize, then BLAS sgemm)
+//   cublaslt_bf16       bf16               device  baseline and decode path
+//   cublaslt_fp8_block  fp8_block          device  cuBLASLt VEC128 x BLK128x128 scaling
+//   sm90_fp8_block      fp8_block          device  our TMA + WGMMA kernel (sm_90a)
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "fp8proj/bf16.hpp"
+#include "fp8proj/tensor.hpp"
+
+namespace fp8proj {
+
+enum class GemmKind : uint8_t { bf16, fp8_block };
+
+struct GemmPlanOptions {
+  int64_t max_m = 32768;  // workspaces are sized for this many rows
+  // Tuned configurations: (largest M of the bucket, backend-specific config name), sorted by
+  // M. Empty: the backend's own heuristic chooses.
+  std::vector<std::pair<int64_t, std::string>> config_by_m;
+};
+
+class Bf16GemmPlan {
+ public:
+  virtual ~Bf16GemmPlan() = default;
+  // y[m, n] = x[m, k] . w[n, k]^T; m <= max_m.
+  virtual void run(const bf16* x, int64_t m, bf16* y, StreamHandle stream) = 0;
+  virtual std::string describe(int64_t m) const = 0;
+};
+
+class Fp8GemmPlan {
+ public:
+  virtual ~Fp8GemmPlan() = default;
+  // y[m, n] = dequant(x)[m, k] . dequant(w)[n, k]^T; x.m <= max_m.
+  virtual void run(const Fp8ActivationView& x, bf16* y, StreamHandle stream) = 0;
+  virtual std::string describe(int64_t m) const = 0;
+  // Bytes of device (or host) memory the plan owns beyond the weight.
+  virtual size_t workspace_bytes() const { return 0; }
+};
+
+class GemmBackend {
+ public:
+  virtual ~GemmBackend() = default;
+  virtual std::string_view name() const = 0;
+  virtual GemmKind kind() const = 0;
+  virtual MemorySpace space() const = 0;
+  // Empty when the backend can run a weight of this shape; otherwise the reason.
+  virtual std::string unsupported_reason(int64_t n, int64_t k) const = 0;
+
+  virtual std::unique_ptr<Bf16GemmPlan> plan_bf16(const bf16* w, int64_t n, int64_t k,
+                                                  const GemmPlanOptions& options) const;
+  virtual std::unique_ptr<Fp8GemmPlan> plan_fp8(const Fp8WeightView& w,
+                                                const GemmPlanOptions& options) const;
+};
+
+// Every backend usable in this process (built in, and its device present and capable).
+std::vector<const GemmBackend*> available_backends();
+// Every backend this build knows, with the reason it is unusable ("" when usable).
+std::vector<std::pair<std::string, std::string>> backend_status();
+// nullptr if no usable backend has that name.
+const GemmBackend* find_backend(std::string_view name);
+// The default backend of a kind for a memory space and weight shape ("auto"), or nullptr.
+const GemmBackend* default_backend(GemmKind kind, MemorySpace space, int64_t n, int64_t k);
+
+// Argument checks shared by all plans; throw fp8proj::Error naming the bad argument.
+void check_gemm_bf16_args(const bf16* x, int64_t m, int64_t k_expected, const bf16* y,
+                          int64_t max_m);
+void check_gemm_fp8_args(const Fp8ActivationView& x, int64_t k_expected, const bf16* y,
+                         int64_t max_m);
+
+}  // namespace fp8proj

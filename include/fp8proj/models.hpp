@@ -1,0 +1,23 @@
+// The projection shapes that matter (DESIGN.md), per model and tensor-parallel size.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace fp8proj {
+
+struct ProjectionShape {
+  std::string model;  // "glm5", "deepseek-v3", "deepseek-v2-lite"
+  std::string gemm;   // "q_b_proj" or "o_proj"
+  int tp = 1;
+  int64_t n = 0, k = 0;  // of one tensor-parallel shard
+  std::string label() const;  // "glm5 q_b_proj TP1 16384x2048"
+};
+
+// Throws fp8proj::Error for an unknown model or a TP size the model cannot be split by.
+std::vector<ProjectionShape> projection_shapes(std::string_view model, int tp);
+std::vector<std::string> model_names();
+
+}  // namespace fp8proj

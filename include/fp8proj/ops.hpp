@@ -1,0 +1,33 @@
+// The element-wise passes around the GEMMs, behind one interface per memory space:
+// the host implementation is the CPU reference (fp8proj::cpu), the device one launches the
+// kernels in src/cuda/quant/ on the given stream (no allocation, no synchronisation).
+#pragma once
+
+#include <cstdint>
+
+#include "fp8proj/bf16.hpp"
+#include "fp8proj/tensor.hpp"
+
+namespace fp8proj {
+
+class QuantOps {
+ public:
+  virtual ~QuantOps() = default;
+  virtual MemorySpace space() const = 0;
+
+  virtual void quantize_activation(const bf16* x, int64_t m, int64_t k, Fp8ActivationOut out,
+                                   StreamHandle stream) const = 0;
+  virtual void rmsnorm(const bf16* x, const bf16* weight, float eps, int64_t m, int64_t k,
+                       bf16* y, StreamHandle stream) const = 0;
+  virtual void rmsnorm_quantize(const bf16* x, const bf16* weight, float eps, int64_t m,
+                                int64_t k, Fp8ActivationOut out, StreamHandle stream) const = 0;
+  virtual void quantize_weight(const bf16* w, int64_t n, int64_t k, Fp8WeightOut out,
+                               StreamHandle stream) const = 0;
+  // Waits for the work queued on `stream` (no-op on the host). Used at load time only.
+  virtual void synchronize(StreamHandle stream) const = 0;
+};
+
+// The implementation for a memory space; throws if the device one is not built/available.
+const QuantOps& quant_ops(MemorySpace space);
+
+}  // namespace fp8proj

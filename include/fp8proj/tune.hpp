@@ -1,0 +1,67 @@
+// Tuned tables: per GPU and weight shape (N, K), the measured crossover from which the FP8
+// path (activation quantization included) beats bf16, and per M bucket the fastest FP8
+// candidate. Written by `fp8proj tune`, shipped under configs/, read at layer construction.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace fp8proj {
+
+struct TunedBucket {
+  int64_t m_lo = 0, m_hi = 0;   // the bucket covers m_lo <= M <= m_hi
+  std::string fp8_backend;      // fastest FP8 candidate's backend ...
+  std::string fp8_config;       // ... and its configuration ("" = backend's heuristic)
+  double bf16_us = 0;           // measured at the bucket's representative M
+  double fp8_us = 0;            // quantization included
+  bool fp8_wins() const { return fp8_us > 0 && fp8_us < bf16_us; }
+};
+
+struct TunedShape {
+  int64_t n = 0, k = 0;
+  int64_t threshold = 512;      // FP8 when M > threshold (the measured crossover)
+  std::vector<TunedBucket> buckets;
+
+  const TunedBucket* bucket_for(int64_t m) const;
+};
+
+struct TuneStamp {
+  std::string gpu_name;
+  int sm_count = 0;
+  std::string driver, cuda_runtime, cublaslt, fp8proj_version;
+};
+
+struct TuneTable {
+  TuneStamp stamp;
+  std::string source;           // file it came from
+  std::vector<TunedShape> shapes;
+
+  const TunedShape* find(int64_t n, int64_t k) const;
+};
+
+}  // namespace fp8proj
+
+namespace fp8proj {
+
+struct DeviceInfo;
+
+inline constexpr const char* kTuneFormat = "fp8proj-tune/1";
+
+// Parses and validates a table file; throws fp8proj::Error naming the file and the problem.
+TuneTable load_tune_table(const std::string& path);
+void save_tune_table(const TuneTable& table, const std::string& path);
+// "" when the table was measured on this kind of GPU, else why not (GPU name, SM count).
+std::string stamp_mismatch(const TuneStamp& stamp, const DeviceInfo& device);
+// The stamp of the running process (GPU, versions).
+TuneStamp current_stamp();
+// File name under configs/ for a GPU: "NVIDIA H200" -> "nvidia-h200.json".
+std::string tune_file_name(const std::string& gpu_name);
+
+// The table this process uses: FP8PROJ_TUNE_FILE if set, else configs/<gpu>.json. nullptr
+// (and one log line saying why) when there is none, it is corrupt, or it does not match the
+// GPU; callers then use the defaults. Loaded once.
+const TuneTable* active_tune_table();
+
+}  // namespace fp8proj

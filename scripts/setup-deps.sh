@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs what building and testing fp8proj needs on Debian 12 / Ubuntu: the Debian packages
+# (CLI11, nlohmann-json, fmt, OpenBLAS, GoogleTest, Google Benchmark, CMake) and, from PyPI,
+# numpy + ml_dtypes (the independent FP8 oracle) and safetensors (fixtures). The CUDA toolkit
+# is used when present (nvcc on PATH or in /usr/local/cuda); it is not installed here.
+set -euo pipefail
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+
+packages=(cmake g++ make git python3 python3-pip libcli11-dev nlohmann-json3-dev libfmt-dev libopenblas-dev
+          libgtest-dev libbenchmark-dev)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "[setup] apt-get install ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+pymods=(numpy ml_dtypes safetensors)
+if ! python3 -c "import numpy, ml_dtypes, safetensors" 2>/dev/null; then
+  echo "[setup] pip install ${pymods[*]}"
+  python3 -m pip install --quiet "${pymods[@]}" 2>/dev/null ||
+    python3 -m pip install --quiet --break-system-packages "${pymods[@]}"
+fi

@@ -1,0 +1,19 @@
+#include "fp8proj/error.hpp"
+
+#include <cstring>
+
+namespace fp8proj::detail {
+
+[[noreturn]] void throw_error(const char* file, int line, const std::string& what) {
+  // Keep the path short: "src/layer/projection.cpp" rather than the build machine's absolute path.
+  const char* shown = file;
+  for (const char* marker : {"/src/", "/include/", "/tools/", "/tests/", "/bench/"}) {
+    if (const char* p = std::strstr(file, marker)) {
+      shown = p + 1;
+      break;
+    }
+  }
+  throw Error(concat("fp8proj: ", what, " [", shown, ":", line, "]"));
+}
+
+}  // namespace fp8proj::detail

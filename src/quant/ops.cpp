@@ -1,0 +1,41 @@
+// QuantOps for the host (the CPU reference) and the dispatch to the device implementation.
+#include "fp8proj/ops.hpp"
+
+#include "fp8proj/error.hpp"
+#include "fp8proj/quantize.hpp"
+#include "gemm/backends.hpp"
+
+namespace fp8proj {
+
+namespace {
+class HostQuantOps final : public QuantOps {
+ public:
+  MemorySpace space() const override { return MemorySpace::host; }
+  void quantize_activation(const bf16* x, int64_t m, int64_t k, Fp8ActivationOut out, StreamHandle) const override {
+    cpu::quantize_activation(x, m, k, out);
+  }
+  void rmsnorm(const bf16* x, const bf16* w, float eps, int64_t m, int64_t k, bf16* y, StreamHandle) const override {
+    cpu::rmsnorm(x, w, eps, m, k, y);
+  }
+  void rmsnorm_quantize(const bf16* x, const bf16* w, float eps, int64_t m, int64_t k, Fp8ActivationOut out,
+                        StreamHandle) const override {
+    cpu::rmsnorm_quantize(x, w, eps, m, k, out);
+  }
+  void quantize_weight(const bf16* w, int64_t n, int64_t k, Fp8WeightOut out, StreamHandle) const override {
+    cpu::quantize_weight(w, n, k, out);
+  }
+  void synchronize(StreamHandle) const override {}
+};
+}  // namespace
+
+const QuantOps& quant_ops(MemorySpace space) {
+  static const HostQuantOps host;
+  if (space == MemorySpace::host) return host;
+#if FP8PROJ_WITH_CUDA
+  return cuda_quant_ops();
+#else
+  FP8PROJ_FAIL("device quantization asked for, but this build has no CUDA");
+#endif
+}
+
+}  // namespace fp8proj

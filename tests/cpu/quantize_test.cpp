@@ -1,0 +1,185 @@
+// CPU quantizers against naive fp64 loops, including partial edge blocks, the M-contiguous
+// scale layout, non-finite groups and bad arguments.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "fp8proj/error.hpp"
+#include "fp8proj/quantize.hpp"
+#include "test_util.hpp"
+
+namespace fp8proj {
+namespace {
+
+using testing::naive_e4m3;
+using testing::naive_ue8m0_scale;
+using testing::random_bf16;
+
+std::string shape_name(const ::testing::TestParamInfo<std::pair<int64_t, int64_t>>& info) {
+  return std::to_string(info.param.first) + "x" + std::to_string(info.param.second);
+}
+
+class WeightQuant : public ::testing::TestWithParam<std::pair<int64_t, int64_t>> {};
+
+TEST_P(WeightQuant, MatchesNaiveBlockReference) {
+  const auto [n, k] = GetParam();
+  const auto w = random_bf16(n * k, 10 + n + k, 0.05f);
+  HostFp8Weight q = make_host_fp8_weight(n, k);
+  cpu::quantize_weight(w.data(), n, k, q.out());
+  ASSERT_EQ(q.scales.size(), size_t(ceil_div(n, 128) * ceil_div(k, 128)));
+  for (int64_t br = 0; br < ceil_div(n, 128); ++br)
+    for (int64_t bc = 0; bc < ceil_div(k, 128); ++bc) {
+      double amax = 0;  // over the (possibly partial) block only
+      for (int64_t r = br * 128; r < std::min(n, br * 128 + 128); ++r)
+        for (int64_t c = bc * 128; c < std::min(k, bc * 128 + 128); ++c)
+          amax = std::max(amax, std::fabs(double(bf16_to_float(w[r * k + c]))));
+      const float s = naive_ue8m0_scale(static_cast<float>(amax), kWeightAmaxEps);
+      ASSERT_EQ(q.scales[br * ceil_div(k, 128) + bc], s) << "block " << br << "," << bc;
+      for (int64_t r = br * 128; r < std::min(n, br * 128 + 128); ++r)
+        for (int64_t c = bc * 128; c < std::min(k, bc * 128 + 128); ++c)
+          ASSERT_EQ(q.values[r * k + c], naive_e4m3(double(bf16_to_float(w[r * k + c])) / s))
+              << "element " << r << "," << c;
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, WeightQuant,
+                         ::testing::Values(std::pair<int64_t, int64_t>{128, 128}, std::pair<int64_t, int64_t>{1, 1},
+                                           std::pair<int64_t, int64_t>{300, 200}, std::pair<int64_t, int64_t>{129, 257},
+                                           std::pair<int64_t, int64_t>{256, 640}),
+                         shape_name);
+
+class ActivationQuant : public ::testing::TestWithParam<std::pair<int64_t, int64_t>> {};
+
+TEST_P(ActivationQuant, MatchesNaiveGroupReferenceAndLayout) {
+  const auto [m, k] = GetParam();
+  const auto x = random_bf16(m * k, 20 + m + k, 2.0f);
+  HostFp8Activation q = make_host_fp8_activation(m, k);
+  ASSERT_EQ(q.scale_ld, round_up(m, 4));
+  cpu::quantize_activation(x.data(), m, k, q.out());
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t g = 0; g < k / 128; ++g) {
+      double amax = 0;
+      for (int64_t c = g * 128; c < g * 128 + 128; ++c) amax = std::max(amax, std::fabs(double(bf16_to_float(x[r * k + c]))));
+      const float s = naive_ue8m0_scale(static_cast<float>(amax), kActAmaxEps);
+      ASSERT_EQ(q.scales[g * q.scale_ld + r], s) << "row " << r << " group " << g;  // M-contiguous
+      for (int64_t c = g * 128; c < g * 128 + 128; ++c)
+        ASSERT_EQ(q.values[r * k + c], naive_e4m3(double(bf16_to_float(x[r * k + c])) / s));
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, ActivationQuant,
+                         ::testing::Values(std::pair<int64_t, int64_t>{1, 128}, std::pair<int64_t, int64_t>{3, 384},
+                                           std::pair<int64_t, int64_t>{5, 256}, std::pair<int64_t, int64_t>{64, 128},
+                                           std::pair<int64_t, int64_t>{65, 512}),
+                         shape_name);
+
+TEST(ActivationQuant, ZeroGroupUsesEpsilonScale) {
+  std::vector<bf16> x(256, float_to_bf16(0.0f));
+  HostFp8Activation q = make_host_fp8_activation(2, 128);
+  cpu::quantize_activation(x.data(), 2, 128, q.out());
+  EXPECT_EQ(q.scales[0], naive_ue8m0_scale(0.0f, kActAmaxEps));
+  for (uint8_t v : q.values) EXPECT_EQ(v, 0);
+}
+
+TEST(ActivationQuant, NonFiniteGroupBecomesNaNAndStaysLocal) {
+  for (float bad : {NAN, INFINITY, -INFINITY}) {
+    auto x = random_bf16(3 * 256, 5);
+    x[1 * 256 + 130] = float_to_bf16(bad);  // row 1, group 1
+    HostFp8Activation q = make_host_fp8_activation(3, 256);
+    cpu::quantize_activation(x.data(), 3, 256, q.out());
+    EXPECT_TRUE(std::isnan(q.scales[1 * q.scale_ld + 1]));
+    for (int c = 128; c < 256; ++c) EXPECT_EQ(q.values[256 + c], kE4m3NaN);
+    EXPECT_FALSE(std::isnan(q.scales[0 * q.scale_ld + 1]));  // row 1, group 0 untouched
+    EXPECT_FALSE(std::isnan(q.scales[1 * q.scale_ld + 0]));  // row 0, group 1 untouched
+    const auto d = cpu::dequantize(q.view());
+    EXPECT_TRUE(std::isnan(d[256 + 200]));
+    EXPECT_FALSE(std::isnan(d[256 + 5]));
+  }
+}
+
+TEST(WeightQuant, NaNBlockBecomesNaN) {
+  auto w = random_bf16(256 * 256, 6, 0.02f);
+  w[200 * 256 + 3] = float_to_bf16(NAN);  // block (1, 0)
+  HostFp8Weight q = make_host_fp8_weight(256, 256);
+  cpu::quantize_weight(w.data(), 256, 256, q.out());
+  EXPECT_TRUE(std::isnan(q.scales[2]));
+  EXPECT_FALSE(std::isnan(q.scales[0]));
+  EXPECT_FALSE(std::isnan(q.scales[3]));
+}
+
+TEST(ActivationQuant, Fp32ScaleMode) {
+  const auto x = random_bf16(2 * 128, 7);
+  HostFp8Activation q = make_host_fp8_activation(2, 128);
+  cpu::quantize_activation(x.data(), 2, 128, q.out(), ScaleMode::fp32);
+  double amax = 0;
+  for (int c = 0; c < 128; ++c) amax = std::max(amax, std::fabs(double(bf16_to_float(x[c]))));
+  const float s = static_cast<float>(amax) / 448.0f;
+  EXPECT_EQ(q.scales[0], s);
+  for (int c = 0; c < 128; ++c) EXPECT_EQ(q.values[c], naive_e4m3(double(bf16_to_float(x[c]) / s)));
+}
+
+TEST(Dequantize, IsValueTimesScale) {
+  const auto w = random_bf16(130 * 260, 8, 0.02f);
+  HostFp8Weight q = make_host_fp8_weight(130, 260);
+  cpu::quantize_weight(w.data(), 130, 260, q.out());
+  const auto d = cpu::dequantize(q.view());
+  for (int64_t r = 0; r < 130; r += 7)
+    for (int64_t c = 0; c < 260; c += 5)
+      EXPECT_EQ(d[r * 260 + c], e4m3_to_float(q.values[r * 260 + c]) * q.scales[(r / 128) * 3 + c / 128]);
+}
+
+TEST(QuantArgs, RejectsBadInputWithClearMessages) {
+  const auto x = random_bf16(4 * 256, 9);
+  HostFp8Activation q = make_host_fp8_activation(4, 256);
+  auto expect_error = [](auto&& fn, const char* needle) {
+    try {
+      fn();
+      ADD_FAILURE() << "no error; expected one mentioning '" << needle << "'";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect_error([&] { cpu::quantize_activation(x.data(), 4, 200, q.out()); }, "multiple of 128");
+  expect_error([&] { cpu::quantize_activation(static_cast<const bf16*>(nullptr), 4, 256, q.out()); }, "null");
+  expect_error([&] { cpu::quantize_activation(x.data(), 8, 256, q.out()); }, "too small");
+  expect_error([&] { cpu::quantize_activation(x.data(), -1, 256, q.out()); }, ">= 0");
+  expect_error([&] { make_host_fp8_activation(4, 100); }, "multiple of 128");
+  HostFp8Weight w = make_host_fp8_weight(4, 256);
+  expect_error([&] { cpu::quantize_weight(static_cast<const bf16*>(nullptr), 4, 256, w.out()); }, "null");
+  expect_error([&] { cpu::quantize_weight(x.data(), 4, 128, w.out()); }, "FP8 weight output is");
+  // M = 0 is a no-op, not an error.
+  HostFp8Activation empty = make_host_fp8_activation(0, 256);
+  EXPECT_NO_THROW(cpu::quantize_activation(static_cast<const bf16*>(nullptr), 0, 256, empty.out()));
+}
+
+TEST(RmsNorm, MatchesFp64WithinBf16Rounding) {
+  const int64_t m = 7, k = 2048;
+  const auto x = random_bf16(m * k, 11, 3.0f), g = random_bf16(k, 12);
+  std::vector<bf16> y(m * k);
+  cpu::rmsnorm(x.data(), g.data(), kRmsNormEps, m, k, y.data());
+  for (int64_t r = 0; r < m; ++r) {
+    double ss = 0;
+    for (int64_t c = 0; c < k; ++c) ss += std::pow(double(bf16_to_float(x[r * k + c])), 2);
+    const double inv = 1.0 / std::sqrt(ss / k + kRmsNormEps);
+    for (int64_t c = 0; c < k; ++c) {
+      const double ref = double(bf16_to_float(x[r * k + c])) * inv * bf16_to_float(g[c]);
+      ASSERT_NEAR(bf16_to_float(y[r * k + c]), ref, std::fabs(ref) * (1.0 / 256) + 1e-30) << r << "," << c;
+    }
+  }
+}
+
+TEST(RmsNorm, FusedQuantizeEqualsNormThenQuantize) {
+  const int64_t m = 5, k = 1536;
+  const auto x = random_bf16(m * k, 13, 2.0f), g = random_bf16(k, 14);
+  std::vector<bf16> y(m * k);
+  cpu::rmsnorm(x.data(), g.data(), kRmsNormEps, m, k, y.data());
+  HostFp8Activation a = make_host_fp8_activation(m, k), b = make_host_fp8_activation(m, k);
+  cpu::quantize_activation(y.data(), m, k, a.out());
+  cpu::rmsnorm_quantize(x.data(), g.data(), kRmsNormEps, m, k, b.out());
+  EXPECT_EQ(a.values, b.values);
+  EXPECT_EQ(0, std::memcmp(a.scales.data(), b.scales.data(), a.scales.size() * 4));
+}
+
+}  // namespace
+}  // namespace fp8proj

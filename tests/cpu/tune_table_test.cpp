@@ -1,0 +1,97 @@
+// Tuned tables: round trip, strict validation with the file named, stamp matching, and the
+// layer falling back to defaults when the table does not apply.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include "fp8proj/device.hpp"
+#include "fp8proj/error.hpp"
+#include "fp8proj/tune.hpp"
+
+namespace fp8proj {
+namespace {
+
+std::string temp_path(const char* name) { return ::testing::TempDir() + name; }
+
+TuneTable sample() {
+  TuneTable t;
+  t.stamp = {"NVIDIA H200", 132, "13.0", "13.0", "13.1.0", "0.1.0+test"};
+  TunedShape s;
+  s.n = 16384;
+  s.k = 2048;
+  s.threshold = 96;
+  s.buckets = {{1, 16, "sm90_fp8_block", "m64n128", 10, 12}, {17, 128, "sm90_fp8_block", "m64n128", 20, 15},
+               {129, 32768, "cublaslt_fp8_block", "", 100, 60}};
+  t.shapes.push_back(s);
+  return t;
+}
+
+TEST(TuneTable, RoundTrip) {
+  const std::string path = temp_path("tune_rt.json");
+  save_tune_table(sample(), path);
+  const TuneTable t = load_tune_table(path);
+  EXPECT_EQ(t.stamp.gpu_name, "NVIDIA H200");
+  ASSERT_NE(t.find(16384, 2048), nullptr);
+  EXPECT_EQ(t.find(1, 1), nullptr);
+  const TunedShape& s = *t.find(16384, 2048);
+  EXPECT_EQ(s.threshold, 96);
+  EXPECT_EQ(s.bucket_for(16)->m_hi, 16);
+  EXPECT_EQ(s.bucket_for(17)->fp8_config, "m64n128");
+  EXPECT_TRUE(s.bucket_for(64)->fp8_wins());
+  EXPECT_FALSE(s.bucket_for(1)->fp8_wins());
+  EXPECT_EQ(s.bucket_for(40000), nullptr);
+}
+
+void expect_rejected(const std::string& text, const char* needle) {
+  const std::string path = temp_path("tune_bad.json");
+  std::ofstream(path) << text;
+  try {
+    load_tune_table(path);
+    ADD_FAILURE() << "accepted: " << text;
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find(needle), std::string::npos) << what;
+    EXPECT_NE(what.find(path), std::string::npos) << "the message must name the file: " << what;
+  }
+}
+
+TEST(TuneTable, CorruptFilesAreRejectedClearly) {
+  expect_rejected("{not json", "not valid JSON");
+  expect_rejected(R"({"format": "other/1"})", "format");
+  expect_rejected(R"({"format": "fp8proj-tune/1", "stamp": {}})", "gpu_name");
+  const std::string stamp =
+      R"("stamp": {"gpu_name": "X", "sm_count": 1, "driver": "", "cuda_runtime": "", "cublaslt": "", "fp8proj_version": ""})";
+  expect_rejected(R"({"format": "fp8proj-tune/1", )" + stamp + R"(, "shapes": [{"n": 128, "k": 128, "threshold": "x", "buckets": []}]})",
+                  "threshold");
+  expect_rejected(R"({"format": "fp8proj-tune/1", )" + stamp +
+                      R"(, "shapes": [{"n": 128, "k": 128, "threshold": 1, "buckets": [{"m_lo": 2, "m_hi": 4, "fp8_backend": "a", "fp8_config": "", "bf16_us": 1, "fp8_us": 1}]}]})",
+                  "contiguous");
+  expect_rejected(R"({"format": "fp8proj-tune/1", )" + stamp +
+                      R"(, "shapes": [{"n": 128, "k": 128, "threshold": 1, "buckets": [{"m_lo": 1, "m_hi": 4, "fp8_backend": "a", "fp8_config": "", "bf16_us": -1, "fp8_us": 1}]}]})",
+                  "non-positive");
+  EXPECT_THROW(load_tune_table(temp_path("does_not_exist.json")), Error);
+}
+
+TEST(TuneTable, StampMustMatchTheGpu) {
+  DeviceInfo h200;
+  h200.present = true;
+  h200.name = "NVIDIA H200";
+  h200.sm_count = 132;
+  EXPECT_EQ(stamp_mismatch(sample().stamp, h200), "");
+  DeviceInfo h100 = h200;
+  h100.name = "NVIDIA H100 80GB HBM3";
+  EXPECT_NE(stamp_mismatch(sample().stamp, h100).find("H100"), std::string::npos);
+  DeviceInfo cut = h200;
+  cut.sm_count = 114;
+  EXPECT_NE(stamp_mismatch(sample().stamp, cut).find("114"), std::string::npos);
+  EXPECT_NE(stamp_mismatch(sample().stamp, DeviceInfo{}), "");
+}
+
+TEST(TuneTable, FileNameFromGpuName) {
+  EXPECT_EQ(tune_file_name("NVIDIA H200"), "nvidia-h200.json");
+  EXPECT_EQ(tune_file_name("NVIDIA H100 80GB HBM3"), "nvidia-h100-80gb-hbm3.json");
+}
+
+}  // namespace
+}  // namespace fp8proj

@@ -1,0 +1,173 @@
+// fp8proj bench: per shape and M, the bf16 time, the FP8 path's time (activation
+// quantization included), the FP8 GEMM alone, their ratios to bf16, TFLOP/s, and the path
+// the gate picks with the time of that gated call. Measured as timing.hpp says (device
+// events, L2 flushed before every timed call, median of many). Without a GPU it runs the
+// CPU reference at small sizes and says so.
+#include <fmt/format.h>
+
+#include <fstream>
+
+#include "commands.hpp"
+#include "common.hpp"
+#include "fp8proj/error.hpp"
+#include "fp8proj/ops.hpp"
+#include "fp8proj/projection.hpp"
+#include "fp8proj/timing.hpp"
+
+namespace fp8proj::cli {
+
+namespace {
+
+struct BenchArgs {
+  std::vector<std::string> models;
+  std::string tp;
+  std::string m;
+  std::vector<std::string> shapes;
+  std::string policy = "prefill";
+  int reps = 0;
+  bool no_flush = false;
+  bool cpu = false;
+  std::string csv, json;
+};
+
+struct Row {
+  ProjectionShape shape;
+  int64_t m;
+  double bf16_us, fp8_us, gemm_us, gated_us;
+  std::string path, fp8_backend;
+};
+
+double tflops(int64_t m, int64_t n, int64_t k, double us) { return 2.0 * m * n * k / (us * 1e-6) / 1e12; }
+
+void run_bench(const BenchArgs& a) {
+  const MemorySpace space = choose_space(a.cpu);
+  const bool gpu = space == MemorySpace::device;
+  fmt::print("fp8proj bench -- {}\n", space_banner(space));
+
+  std::vector<ProjectionShape> shapes;
+  for (const auto& s : a.shapes) shapes.push_back(parse_shape(s));
+  if (shapes.empty()) {
+    std::vector<std::string> models = a.models;
+    if (models.empty()) models = gpu ? std::vector<std::string>{"glm5", "deepseek-v3"} : std::vector<std::string>{"glm5"};
+    const std::string tp = !a.tp.empty() ? a.tp : (gpu ? "1,4" : "8");
+    for (const auto& model : models)
+      for (int t : parse_int_list(tp))
+        for (auto& s : projection_shapes(model, t)) shapes.push_back(s);
+  }
+  const std::vector<int64_t> ms =
+      parse_m_list(!a.m.empty() ? a.m : (gpu ? "1,16,64,128,256,512,1024,2048,4096,8192,16384,32768" : "1,16,128,1024"));
+  TimingOptions topt;
+  topt.reps = a.reps > 0 ? a.reps : (gpu ? 30 : 3);
+  topt.warmup = gpu ? 5 : 1;
+  topt.flush_l2 = gpu && !a.no_flush;
+  fmt::print("timing: median of {} after {} warm-up, L2 {}; ratio = bf16 time / FP8 time\n", topt.reps, topt.warmup,
+             topt.flush_l2 ? "flushed before every timed call" : "not flushed");
+
+  const int64_t max_m = ms.back();
+  std::vector<Row> rows;
+  for (const ProjectionShape& s : shapes) {
+    Tensor w = random_bf16(space, s.n, s.k, 11, 0.02f);
+    Tensor x = random_bf16(space, max_m, s.k, 12, 1.0f);
+    Tensor y = random_bf16(space, max_m, s.n, 13, 1.0f);
+    auto shared_ws = std::make_shared<ActivationWorkspace>(space, round_up(max_m, 4), round_up(s.k, 128), false);
+
+    ProjectionOptions base;
+    base.max_tokens = round_up(max_m, 4);
+    base.workspace = shared_ws;
+    base.use_tune_table = true;
+    // The reference layers ignore FP8PROJ_* (the environment must not switch what they
+    // measure); the gated layer honours it, as an engine's would.
+    base.apply_env = false;
+    ProjectionOptions bf16_only = base;
+    bf16_only.name = s.label() + " bf16";
+    ProjectionOptions fp8_always = base;  // FP8 at every M: threshold and ceiling 0
+    fp8_always.name = s.label() + " fp8";
+    fp8_always.fp8 = true;
+    fp8_always.threshold = 0;
+    fp8_always.decode_ceiling = 0;
+    ProjectionOptions gated = base;
+    gated.apply_env = true;
+    gated.name = s.label();
+    gated.fp8 = true;
+    gated.policy = a.policy == "all" ? Fp8Policy::all : Fp8Policy::prefill;
+
+    ProjectionLayer l_bf16(space, w.data(), s.n, s.k, bf16_only);
+    ProjectionLayer l_fp8(space, w.data(), s.n, s.k, fp8_always);
+    ProjectionLayer l_gate(space, w.data(), s.n, s.k, gated);
+    const bool fp8_ok = l_fp8.has_fp8_copy() && l_fp8.path_for(1) == Path::fp8;
+    const std::string fp8_backend = fp8_ok ? l_fp8.explain(ms.back()).backend : "none";
+    const ProjectionMemory mem = l_gate.memory();
+    fmt::print("\n{}  [FP8 backend {}; gate: policy {}, FP8 copy +{:.1f}% of the bf16 weight]\n", s.label(),
+               fp8_backend, to_string(l_gate.options().policy), 100 * mem.fp8_overhead());
+    if (!fp8_ok) fmt::print("  FP8 path unavailable: {}\n", l_fp8.explain(max_m).reason);
+    fmt::print("  {:>6} {:>10} {:>10} {:>10} {:>8} {:>8} {:>9} {:>9} {:>9} {:>10}  {}\n", "M", "bf16 us", "fp8 us",
+               "gemm us", "fp8 x", "gemm x", "bf16 TF/s", "fp8 TF/s", "gemm TF/s", "gated us", "gate");
+
+    for (int64_t m : ms) {
+      Row r{s, m, 0, 0, 0, 0, to_string(l_gate.path_for(m)), fp8_backend};
+      r.bf16_us = time_or_host(space, [&](StreamHandle st) { l_bf16.forward(x.data(), m, y.data(), st); }, topt);
+      if (fp8_ok) {
+        r.fp8_us = time_or_host(space, [&](StreamHandle st) { l_fp8.forward(x.data(), m, y.data(), st); }, topt);
+        quant_ops(space).quantize_activation(x.data(), m, s.k, shared_ws->fp8(m, s.k), nullptr);
+        const Fp8ActivationView qv = shared_ws->fp8(m, s.k).view();
+        r.gemm_us = time_or_host(space, [&](StreamHandle st) { l_fp8.forward_quantized(qv, y.data(), st); }, topt);
+      }
+      r.gated_us = time_or_host(space, [&](StreamHandle st) { l_gate.forward(x.data(), m, y.data(), st); }, topt);
+      auto ratio = [&](double t) { return t > 0 ? fmt::format("{:.2f}", r.bf16_us / t) : std::string("-"); };
+      auto tf = [&](double t) { return t > 0 ? fmt::format("{:.3g}", tflops(m, s.n, s.k, t)) : std::string("-"); };
+      fmt::print("  {:>6} {:>10.1f} {:>10.1f} {:>10.1f} {:>8} {:>8} {:>9} {:>9} {:>9} {:>10.1f}  {}\n", m, r.bf16_us,
+                 r.fp8_us, r.gemm_us, ratio(r.fp8_us), ratio(r.gemm_us), tf(r.bf16_us), tf(r.fp8_us), tf(r.gemm_us),
+                 r.gated_us, r.path);
+      rows.push_back(r);
+    }
+  }
+
+  if (!a.csv.empty()) {
+    std::string csv = "model,gemm,tp,n,k,m,bf16_us,fp8_us,fp8_gemm_us,speedup,gemm_speedup,bf16_tflops,fp8_tflops,"
+                      "gemm_tflops,gated_us,path,fp8_backend\n";
+    for (const Row& r : rows)
+      csv += fmt::format("{},{},{},{},{},{},{:.3f},{:.3f},{:.3f},{:.4f},{:.4f},{:.1f},{:.1f},{:.1f},{:.3f},{},{}\n",
+                         r.shape.model, r.shape.gemm, r.shape.tp, r.shape.n, r.shape.k, r.m, r.bf16_us, r.fp8_us,
+                         r.gemm_us, r.fp8_us > 0 ? r.bf16_us / r.fp8_us : 0.0,
+                         r.gemm_us > 0 ? r.bf16_us / r.gemm_us : 0.0, tflops(r.m, r.shape.n, r.shape.k, r.bf16_us),
+                         r.fp8_us > 0 ? tflops(r.m, r.shape.n, r.shape.k, r.fp8_us) : 0.0,
+                         r.gemm_us > 0 ? tflops(r.m, r.shape.n, r.shape.k, r.gemm_us) : 0.0, r.gated_us, r.path,
+                         r.fp8_backend);
+    write_text(a.csv, csv);
+  }
+  if (!a.json.empty()) {
+    nlohmann::json j;
+    j["stamp"] = result_stamp();
+    j["timing"] = {{"reps", topt.reps}, {"warmup", topt.warmup}, {"l2_flush", topt.flush_l2}, {"statistic", "median"}};
+    j["space"] = gpu ? "device" : "host (CPU reference)";
+    for (const Row& r : rows)
+      j["rows"].push_back({{"model", r.shape.model}, {"gemm", r.shape.gemm}, {"tp", r.shape.tp}, {"n", r.shape.n},
+                           {"k", r.shape.k}, {"m", r.m}, {"bf16_us", r.bf16_us}, {"fp8_us", r.fp8_us},
+                           {"fp8_gemm_us", r.gemm_us}, {"gated_us", r.gated_us}, {"path", r.path},
+                           {"fp8_backend", r.fp8_backend}});
+    write_text(a.json, j.dump(1) + "\n");
+  }
+}
+
+}  // namespace
+
+void register_bench(CLI::App& app) {
+  auto args = std::make_shared<BenchArgs>();
+  auto* cmd = app.add_subcommand("bench", "bf16 vs FP8 per M for the model shapes (GPU if present, else CPU)");
+  cmd->add_option("--model", args->models, "Model(s): glm5, deepseek-v3, deepseek-v2-lite (GPU default: glm5 "
+                                           "deepseek-v3; CPU default: glm5)");
+  cmd->add_option("--tp", args->tp, "Tensor-parallel size(s), e.g. 1,4 (GPU default 1,4; CPU default 8)");
+  cmd->add_option("--m", args->m, "Token counts: '1,16,64' or '1-32768' (powers of two)");
+  cmd->add_option("--shape", args->shapes, "Explicit NxK shape(s) instead of models");
+  cmd->add_option("--policy", args->policy, "Gate policy for the 'gated' column: prefill or all")
+      ->check(CLI::IsMember({"prefill", "all"}))
+      ->capture_default_str();
+  cmd->add_option("--reps", args->reps, "Timed repetitions (GPU default 30, CPU 3)");
+  cmd->add_flag("--no-flush", args->no_flush, "Do not flush L2 before timed calls (flatters bf16 at small M)");
+  cmd->add_flag("--cpu", args->cpu, "Use the CPU reference even if a GPU is present");
+  cmd->add_option("--csv", args->csv, "Write the rows as CSV");
+  cmd->add_option("--json", args->json, "Write the rows as JSON with the GPU/version stamp");
+  cmd->callback([args] { run_bench(*args); });
+}
+
+}  // namespace fp8proj::cli

@@ -1,0 +1,66 @@
+// fp8proj explain: for each projection of a model at a TP size, which path and backend
+// would run at each M and why, and what the FP8 copy costs in memory.
+#include <fmt/format.h>
+
+#include "commands.hpp"
+#include "common.hpp"
+#include "fp8proj/projection.hpp"
+
+namespace fp8proj::cli {
+
+namespace {
+struct ExplainArgs {
+  std::vector<std::string> models = {"glm5"};
+  std::string tp = "1";
+  std::string m = "1,64,512,513,4096,32768";
+  std::string shape;
+  bool fp8 = false;
+  std::string policy;
+  bool cpu = false;
+};
+
+void run_explain(const ExplainArgs& a) {
+  const MemorySpace space = choose_space(a.cpu);
+  fmt::print("{}\n", space_banner(space));
+  std::vector<ProjectionShape> shapes;
+  if (!a.shape.empty()) {
+    shapes.push_back(parse_shape(a.shape));
+  } else {
+    for (const auto& model : a.models)
+      for (int tp : parse_int_list(a.tp))
+        for (auto& s : projection_shapes(model, tp)) shapes.push_back(s);
+  }
+  const std::vector<int64_t> ms = parse_m_list(a.m);
+  for (const auto& s : shapes) {
+    Tensor w = random_bf16(space, s.n, s.k, 1, 0.02f);
+    ProjectionOptions o;
+    o.name = s.label();
+    o.fp8 = a.fp8;
+    if (a.policy == "all") o.policy = Fp8Policy::all;
+    ProjectionLayer layer(space, w.data(), s.n, s.k, o);
+    const ProjectionMemory mem = layer.memory();
+    fmt::print("\n{}  (FP8 {}, policy {})\n", s.label(), layer.options().fp8 ? "on" : "off",
+               to_string(layer.options().policy));
+    fmt::print("  memory: bf16 weight {:.1f} MiB, FP8 copy {:.1f} MiB + scales {:.1f} KiB (+{:.1f}%), "
+               "workspace {:.1f} MiB\n",
+               mem.bf16_weight / 1048576.0, mem.fp8_values / 1048576.0, mem.fp8_scales / 1024.0,
+               100.0 * mem.fp8_overhead(), mem.workspace / 1048576.0);
+    for (int64_t m : ms) fmt::print("  {}\n", layer.explain(m).to_string());
+  }
+}
+}  // namespace
+
+void register_explain(CLI::App& app) {
+  auto args = std::make_shared<ExplainArgs>();
+  auto* cmd = app.add_subcommand("explain", "Which path each projection takes at each M, and why");
+  cmd->add_option("--model", args->models, "Model(s): glm5, deepseek-v3, deepseek-v2-lite")->capture_default_str();
+  cmd->add_option("--tp", args->tp, "Tensor-parallel size(s), e.g. 1,4")->capture_default_str();
+  cmd->add_option("--m", args->m, "Token counts: list '1,64,512' or range '1-32768'")->capture_default_str();
+  cmd->add_option("--shape", args->shape, "Explicit NxK instead of a model");
+  cmd->add_flag("--fp8", args->fp8, "Opt in to FP8 (as FP8PROJ_PREFILL_FP8=1 would; the variable still wins)");
+  cmd->add_option("--policy", args->policy, "prefill (default) or all")->check(CLI::IsMember({"prefill", "all"}));
+  cmd->add_flag("--cpu", args->cpu, "Use the CPU reference even if a GPU is present");
+  cmd->callback([args] { run_explain(*args); });
+}
+
+}  // namespace fp8proj::cli

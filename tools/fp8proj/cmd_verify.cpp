@@ -1,0 +1,200 @@
+// fp8proj verify: every available backend against the fp64 oracle, on random data with the
+// output poisoned (0xff bytes = NaN) before each run, so unwritten elements fail. Also:
+// device quantizers bit-exact with the CPU ones, and NaN rows staying NaN.
+#include <cmath>
+#include <cstring>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "commands.hpp"
+#include "common.hpp"
+#include "fp8proj/error.hpp"
+#include "fp8proj/gemm.hpp"
+#include "fp8proj/ops.hpp"
+#include "fp8proj/quantize.hpp"
+#include "fp8proj/random.hpp"
+#include "fp8proj/reference.hpp"
+
+namespace fp8proj::cli {
+
+namespace {
+
+struct Case {
+  int64_t m, n, k;
+};
+
+struct VerifyArgs {
+  std::vector<std::string> cases;
+  uint64_t seed = 7;
+};
+
+template <typename T>
+Buffer to_space(MemorySpace space, const T* data, size_t count) {
+  Buffer b(space, count * sizeof(T));
+  copy_bytes(b.data(), space, data, MemorySpace::host, count * sizeof(T));
+  return b;
+}
+
+template <typename T>
+std::vector<T> to_host(const Buffer& b, size_t count) {
+  std::vector<T> out(count);
+  copy_bytes(out.data(), MemorySpace::host, b.data(), b.space(), count * sizeof(T));
+  return out;
+}
+
+struct Row {
+  std::string backend, what;
+  Case c;
+  double err;
+  double tol;
+  int64_t bad;
+  bool pass;
+};
+
+int failures = 0;
+
+void print_row(const Row& r) {
+  fmt::print("  {:<20} {:<28} {:>6} {:>6} {:>6}  {:>10.3e} {:>9.1e} {:>8}  {}\n", r.backend, r.what, r.c.m, r.c.n,
+             r.c.k, r.err, r.tol, r.bad, r.pass ? "PASS" : "FAIL");
+  if (!r.pass) ++failures;
+}
+
+void verify_case(const Case& c, uint64_t seed) {
+  // Host data: activations N(0, 1), weights N(0, 0.02^2) as in a trained projection.
+  std::vector<bf16> x(c.m * c.k), w(c.n * c.k);
+  fill_normal(MemorySpace::host, x.data(), c.m * c.k, seed, 1.0f);
+  fill_normal(MemorySpace::host, w.data(), c.n * c.k, seed + 1, 0.02f);
+  HostFp8Activation qx = make_host_fp8_activation(c.m, c.k);
+  HostFp8Weight qw = make_host_fp8_weight(c.n, c.k);
+  cpu::quantize_activation(x.data(), c.m, c.k, qx.out());
+  cpu::quantize_weight(w.data(), c.n, c.k, qw.out());
+  const std::vector<float> xf = cpu::to_float(x.data(), c.m * c.k), wf = cpu::to_float(w.data(), c.n * c.k);
+  const std::vector<float> xq = cpu::dequantize(qx.view()), wq = cpu::dequantize(qw.view());
+  const std::vector<double> ref_bf16 = cpu::gemm_f64(xf.data(), wf.data(), c.m, c.n, c.k);
+  const std::vector<double> ref_q = cpu::gemm_f64(xq.data(), wq.data(), c.m, c.n, c.k);
+  const size_t out_count = static_cast<size_t>(c.m * c.n);
+
+  for (const GemmBackend* be : available_backends()) {
+    if (!be->unsupported_reason(c.n, c.k).empty()) continue;
+    const MemorySpace sp = be->space();
+    Buffer y(sp, out_count * sizeof(bf16));
+    fill_bytes(sp, y.data(), y.bytes(), 0xff);
+    GemmPlanOptions po;
+    po.max_m = c.m;
+    if (be->kind() == GemmKind::bf16) {
+      Buffer dx = to_space(sp, x.data(), x.size()), dw = to_space(sp, w.data(), w.size());
+      auto plan = be->plan_bf16(dw.data<bf16>(), c.n, c.k, po);
+      plan->run(dx.data<bf16>(), c.m, y.data<bf16>(), nullptr);
+      const auto out = to_host<bf16>(y, out_count);
+      const ErrorStats e = compare(out.data(), ref_bf16.data(), out_count);
+      print_row({std::string(be->name()), "bf16 vs fp64(bf16 operands)", c, e.rel_frobenius, kBf16GemmRelTol,
+                 e.non_finite, e.rel_frobenius <= kBf16GemmRelTol && e.non_finite == 0});
+    } else {
+      Buffer dxv = to_space(sp, qx.values.data(), qx.values.size());
+      Buffer dxs = to_space(sp, qx.scales.data(), qx.scales.size());
+      Buffer dwv = to_space(sp, qw.values.data(), qw.values.size());
+      Buffer dws = to_space(sp, qw.scales.data(), qw.scales.size());
+      auto plan = be->plan_fp8({dwv.data<uint8_t>(), dws.data<float>(), c.n, c.k}, po);
+      plan->run({dxv.data<uint8_t>(), dxs.data<float>(), c.m, c.k, qx.scale_ld}, y.data<bf16>(), nullptr);
+      const auto out = to_host<bf16>(y, out_count);
+      const ErrorStats e = compare(out.data(), ref_q.data(), out_count);
+      print_row({std::string(be->name()), "fp8 vs fp64(dequantized)", c, e.rel_frobenius, kFp8GemmRelTol,
+                 e.non_finite, e.rel_frobenius <= kFp8GemmRelTol && e.non_finite == 0});
+      // The quantization's own error, reported rather than judged (about 3.7% on Gaussian data).
+      const ErrorStats q = compare(out.data(), ref_bf16.data(), out_count);
+      fmt::print("  {:<20} {:<28} {:>6} {:>6} {:>6}  {:>10.3e}  (quantization error vs bf16 GEMM, reported)\n",
+                 be->name(), "fp8 vs fp64(bf16 operands)", c.m, c.n, c.k, q.rel_frobenius);
+    }
+  }
+}
+
+void verify_device_quantizers(uint64_t seed) {
+  if (!gpu_available()) {
+    fmt::print("  device quantizers: skipped (no GPU: {})\n", current_device().why_absent);
+    return;
+  }
+  const QuantOps& dev = quant_ops(MemorySpace::device);
+  const int64_t m = 333, k = 2048, n = 300;
+  std::vector<bf16> x(m * k), w(n * k), g(k);
+  fill_normal(MemorySpace::host, x.data(), m * k, seed + 10, 3.0f);
+  fill_normal(MemorySpace::host, w.data(), n * k, seed + 11, 0.02f);
+  fill_normal(MemorySpace::host, g.data(), k, seed + 12, 1.0f);
+  x[5 * k + 17] = float_to_bf16(NAN);  // a NaN row must quantize to a NaN group
+  Buffer dx = to_space(MemorySpace::device, x.data(), x.size());
+  Buffer dw = to_space(MemorySpace::device, w.data(), w.size());
+  Buffer dg = to_space(MemorySpace::device, g.data(), g.size());
+
+  auto check = [&](const char* what, bool same) {
+    print_row({"device quant ops", what, {m, n, k}, same ? 0.0 : 1.0, 0.0, same ? 0 : 1, same});
+  };
+  {
+    HostFp8Activation ref = make_host_fp8_activation(m, k);
+    cpu::quantize_activation(x.data(), m, k, ref.out());
+    Buffer v(MemorySpace::device, ref.values.size()), s(MemorySpace::device, ref.scales.size() * 4);
+    dev.quantize_activation(dx.data<bf16>(), m, k, {v.data<uint8_t>(), s.data<float>(), m, k, ref.scale_ld}, nullptr);
+    dev.synchronize(nullptr);
+    const auto hv = to_host<uint8_t>(v, ref.values.size());
+    const auto hs = to_host<float>(s, ref.scales.size());
+    bool same = hv == ref.values;
+    for (int64_t gi = 0; gi < k / 128; ++gi)
+      for (int64_t r = 0; r < m; ++r) {
+        const float a = hs[gi * ref.scale_ld + r], b = ref.scales[gi * ref.scale_ld + r];
+        same = same && (std::memcmp(&a, &b, 4) == 0 || (std::isnan(a) && std::isnan(b)));
+      }
+    check("activation quant == CPU (bits)", same);
+  }
+  {
+    HostFp8Activation ref = make_host_fp8_activation(m, k);
+    cpu::rmsnorm_quantize(x.data(), g.data(), kRmsNormEps, m, k, ref.out());
+    Buffer v(MemorySpace::device, ref.values.size()), s(MemorySpace::device, ref.scales.size() * 4);
+    dev.rmsnorm_quantize(dx.data<bf16>(), dg.data<bf16>(), kRmsNormEps, m, k,
+                         {v.data<uint8_t>(), s.data<float>(), m, k, ref.scale_ld}, nullptr);
+    dev.synchronize(nullptr);
+    check("rmsnorm+quant == CPU (bits)", to_host<uint8_t>(v, ref.values.size()) == ref.values);
+  }
+  {
+    HostFp8Weight ref = make_host_fp8_weight(n, k);
+    cpu::quantize_weight(w.data(), n, k, ref.out());
+    Buffer v(MemorySpace::device, ref.values.size()), s(MemorySpace::device, ref.scales.size() * 4);
+    dev.quantize_weight(dw.data<bf16>(), n, k, {v.data<uint8_t>(), s.data<float>(), n, k}, nullptr);
+    dev.synchronize(nullptr);
+    check("weight quant == CPU (bits)",
+          to_host<uint8_t>(v, ref.values.size()) == ref.values && to_host<float>(s, ref.scales.size()) == ref.scales);
+  }
+}
+
+void run_verify(const VerifyArgs& a) {
+  fmt::print("{}\n", space_banner(choose_space(false)));
+  std::vector<Case> cases = {{1, 256, 384}, {17, 384, 256}, {64, 1024, 512}, {300, 2048, 1536}, {129, 6144, 2048}};
+  if (!a.cases.empty()) {
+    cases.clear();
+    for (const auto& s : a.cases) {
+      int64_t m, n, k;
+      char x1, x2;
+      std::istringstream in(s);
+      FP8PROJ_CHECK((in >> m >> x1 >> n >> x2 >> k) && x1 == 'x' && x2 == 'x' && m > 0 && n > 0 && k > 0,
+                    "--case '", s, "' must look like MxNxK");
+      cases.push_back({m, n, k});
+    }
+  }
+  fmt::print("\n  {:<20} {:<28} {:>6} {:>6} {:>6}  {:>10} {:>9} {:>8}\n", "backend", "check", "M", "N", "K",
+             "rel error", "tolerance", "bad", "");
+  for (const Case& c : cases) verify_case(c, a.seed);
+  verify_device_quantizers(a.seed);
+  fmt::print("\n{}\n", failures == 0 ? "verify: all checks meet the numerics contract"
+                                     : fmt::format("verify: {} check(s) FAILED", failures));
+  if (failures) throw Error("verify failed");
+}
+
+}  // namespace
+
+void register_verify(CLI::App& app) {
+  auto args = std::make_shared<VerifyArgs>();
+  auto* cmd = app.add_subcommand("verify", "Numerics of every available backend against the fp64 oracle");
+  cmd->add_option("--case", args->cases, "MxNxK problem(s) instead of the default set");
+  cmd->add_option("--seed", args->seed, "Random seed")->capture_default_str();
+  cmd->callback([args] { run_verify(*args); });
+}
+
+}  // namespace fp8proj::cli

@@ -1,0 +1,124 @@
+#include "common.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <ctime>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "fp8proj/error.hpp"
+#include "fp8proj/random.hpp"
+
+namespace fp8proj::cli {
+
+namespace {
+int64_t parse_int(const std::string& s, const std::string& what) {
+  size_t used = 0;
+  int64_t v = 0;
+  try {
+    v = std::stoll(s, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  FP8PROJ_CHECK(used == s.size() && !s.empty(), "'", s, "' in ", what, " is not an integer");
+  return v;
+}
+
+std::vector<std::string> split(const std::string& text, char sep) {
+  std::vector<std::string> parts;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, sep))
+    if (!item.empty()) parts.push_back(item);
+  return parts;
+}
+}  // namespace
+
+std::vector<int64_t> parse_m_list(const std::string& text, int64_t lo) {
+  std::vector<int64_t> out;
+  for (const std::string& part : split(text, ',')) {
+    if (const size_t dash = part.find('-'); dash != std::string::npos && dash > 0) {
+      const int64_t a = parse_int(part.substr(0, dash), "--m"), b = parse_int(part.substr(dash + 1), "--m");
+      FP8PROJ_CHECK(a >= lo && b >= a, "range '", part, "' in --m must satisfy ", lo, " <= a <= b");
+      for (int64_t v = a; v <= b; v *= 2) out.push_back(v);
+    } else {
+      const int64_t v = parse_int(part, "--m");
+      FP8PROJ_CHECK(v >= lo, "M=", v, " in --m must be >= ", lo);
+      out.push_back(v);
+    }
+  }
+  FP8PROJ_CHECK(!out.empty(), "--m is empty");
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+std::vector<int> parse_int_list(const std::string& text) {
+  std::vector<int> out;
+  for (const std::string& part : split(text, ',')) out.push_back(static_cast<int>(parse_int(part, "list")));
+  FP8PROJ_CHECK(!out.empty(), "empty list");
+  return out;
+}
+
+ProjectionShape parse_shape(const std::string& text) {
+  const size_t x = text.find('x');
+  FP8PROJ_CHECK(x != std::string::npos, "shape '", text, "' must look like NxK, e.g. 16384x2048");
+  ProjectionShape s;
+  s.model = "custom";
+  s.gemm = "gemm";
+  s.n = parse_int(text.substr(0, x), "--shape");
+  s.k = parse_int(text.substr(x + 1), "--shape");
+  FP8PROJ_CHECK(s.n > 0 && s.k > 0, "shape '", text, "' must be positive");
+  return s;
+}
+
+MemorySpace choose_space(bool force_cpu) {
+  return (!force_cpu && gpu_available()) ? MemorySpace::device : MemorySpace::host;
+}
+
+std::string space_banner(MemorySpace space) {
+  const DeviceInfo& d = current_device();
+  if (space == MemorySpace::device)
+    return fmt::format("GPU: {} ({}, {} SMs, L2 {} MB), driver CUDA {}, runtime {}, cuBLASLt {}", d.name, d.arch(),
+                       d.sm_count, d.l2_bytes >> 20, d.driver_version, d.runtime_version, d.cublaslt_version);
+  return fmt::format("CPU reference (no GPU: {}) -- small default sizes; CPU times say nothing about GPU speed",
+                     d.present ? "--cpu given" : d.why_absent);
+}
+
+Tensor random_bf16(MemorySpace space, int64_t rows, int64_t cols, uint64_t seed, float stddev) {
+  Tensor t{Buffer(space, static_cast<size_t>(rows * cols) * sizeof(bf16)), rows, cols};
+  fill_normal(space, t.data(), rows * cols, seed, stddev);
+  return t;
+}
+
+double time_or_host(MemorySpace space, const std::function<void(StreamHandle)>& fn, const TimingOptions& options) {
+  if (space == MemorySpace::device) return time_device(fn, nullptr, options).median_us;
+  return time_host([&] { fn(nullptr); }, options).median_us;
+}
+
+nlohmann::json result_stamp() {
+  const DeviceInfo& d = current_device();
+  const std::time_t now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  char when[32];
+  std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  return {{"gpu", d.present ? d.name : "none (CPU reference)"},
+          {"arch", d.arch()},
+          {"sm_count", d.sm_count},
+          {"sm_clock_mhz", d.sm_clock_khz / 1000},
+          {"mem_clock_mhz", d.mem_clock_khz / 1000},
+          {"driver_cuda", d.driver_version},
+          {"cuda_runtime", d.runtime_version},
+          {"cublaslt", d.cublaslt_version},
+          {"fp8proj", fp8proj_version()},
+          {"time_utc", when}};
+}
+
+void write_text(const std::string& path, const std::string& text) {
+  std::ofstream out(path);
+  FP8PROJ_CHECK(out.good(), "cannot write '", path, "'");
+  out << text;
+}
+
+}  // namespace fp8proj::cli

@@ -1,0 +1,26 @@
+// fp8proj: does block-scaled FP8 pay for the MLA projections on this GPU, from which M on,
+// and at what cost in memory and accuracy?
+#include <cstdio>
+#include <exception>
+
+#include "commands.hpp"
+#include "fp8proj/device.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{"fp8proj " + fp8proj::fp8proj_version() +
+               " -- gated block-scaled FP8 for the MLA projections (q_b_proj, o_proj)"};
+  app.require_subcommand(1);
+  fp8proj::cli::register_info(app);
+  fp8proj::cli::register_bench(app);
+  fp8proj::cli::register_verify(app);
+  fp8proj::cli::register_explain(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

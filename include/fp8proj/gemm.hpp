@@ -60,6 +60,13 @@ class GemmBackend {
   // Empty when the backend can run a weight of this shape; otherwise the reason.
   virtual std::string unsupported_reason(int64_t n, int64_t k) const = 0;
 
+  // Configuration names worth measuring for this problem (for `fp8proj tune`); a name can be
+  // forced for a bucket through GemmPlanOptions::config_by_m. {""} = only the heuristic.
+  virtual std::vector<std::string> candidate_configs(int64_t m, int64_t n, int64_t k) const {
+    (void)m, (void)n, (void)k;
+    return {""};
+  }
+
   virtual std::unique_ptr<Bf16GemmPlan> plan_bf16(const bf16* w, int64_t n, int64_t k,
                                                   const GemmPlanOptions& options) const;
   virtual std::unique_ptr<Fp8GemmPlan> plan_fp8(const Fp8WeightView& w,

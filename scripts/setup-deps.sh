@@ -20,8 +20,18 @@ if [ "${#missing[@]}" -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
-pymods=(numpy ml_dtypes safetensors)
-if ! python3 -c "import numpy, ml_dtypes, safetensors" 2>/dev/null; then
+# nvidia-cuda-cuobjdump/-nvdisasm: the SASS and resource-usage check of the kernels
+# (tests/kernels/check_kernels.py) where the toolkit ships no cuobjdump.
+pymods=(numpy ml_dtypes safetensors nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)
+have_py() {
+  python3 - <<'PY' 2>/dev/null
+import glob, shutil, sys, sysconfig
+import ml_dtypes, numpy, safetensors  # noqa: F401
+cuobjdump = shutil.which("cuobjdump") or glob.glob(sysconfig.get_paths()["purelib"] + "/nvidia/*/bin/cuobjdump")
+sys.exit(0 if cuobjdump else 1)
+PY
+}
+if ! have_py; then
   echo "[setup] pip install ${pymods[*]}"
   python3 -m pip install --quiet "${pymods[@]}" 2>/dev/null ||
     python3 -m pip install --quiet --break-system-packages "${pymods[@]}"

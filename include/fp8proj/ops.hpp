@@ -17,10 +17,13 @@ class QuantOps {
 
   virtual void quantize_activation(const bf16* x, int64_t m, int64_t k, Fp8ActivationOut out,
                                    StreamHandle stream) const = 0;
-  virtual void rmsnorm(const bf16* x, const bf16* weight, float eps, int64_t m, int64_t k,
-                       bf16* y, StreamHandle stream) const = 0;
-  virtual void rmsnorm_quantize(const bf16* x, const bf16* weight, float eps, int64_t m,
-                                int64_t k, Fp8ActivationOut out, StreamHandle stream) const = 0;
+  // RMSNorm over rows of x that are x_stride >= k elements apart (a view into wider rows, e.g.
+  // the q_a columns of fused_qkv_a's output); y and out are dense [m, k].
+  virtual void rmsnorm(const bf16* x, int64_t x_stride, const bf16* weight, float eps, int64_t m,
+                       int64_t k, bf16* y, StreamHandle stream) const = 0;
+  virtual void rmsnorm_quantize(const bf16* x, int64_t x_stride, const bf16* weight, float eps,
+                                int64_t m, int64_t k, Fp8ActivationOut out,
+                                StreamHandle stream) const = 0;
   virtual void quantize_weight(const bf16* w, int64_t n, int64_t k, Fp8WeightOut out,
                                StreamHandle stream) const = 0;
   // Waits for the work queued on `stream` (no-op on the host). Used at load time only.

@@ -92,8 +92,10 @@ class ProjectionLayer {
 
   // y = x . W^T. M = 0 is a no-op.
   void forward(const bf16* x, int64_t m, bf16* y, StreamHandle stream = nullptr);
-  // y = rmsnorm(x) . W^T. On the FP8 path the norm and the quantization are one pass.
-  void forward_rmsnorm(const bf16* x, const bf16* norm_weight, float eps, int64_t m, bf16* y,
+  // y = rmsnorm(x) . W^T. On the FP8 path the norm and the quantization are one pass. Row r of
+  // x starts at x + r * x_stride (x_stride >= K; on the device a multiple of 8), so x can be a
+  // view into wider rows, e.g. the q_a columns of fused_qkv_a's output.
+  void forward_rmsnorm(const bf16* x, int64_t x_stride, const bf16* norm_weight, float eps, int64_t m, bf16* y,
                        StreamHandle stream = nullptr);
   // y = dequant(x) . W^T for activations quantized by the caller (e.g. in its own epilogue).
   // Requires has_fp8_copy().

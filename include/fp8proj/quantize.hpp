@@ -65,12 +65,14 @@ void quantize_activation(const float* x, int64_t m, int64_t k, Fp8ActivationOut 
 //   lane j in 0..31 accumulates, with fmaf in increasing index order, the elements of the
 //   8-element chunks c = j, j + 32, j + 64, ... (elements 8c .. 8c+7); then the 32 partial
 //   sums are combined by the butterfly s[j] += s[j ^ off] for off = 16, 8, 4, 2, 1.
-void rmsnorm(const bf16* x, const bf16* weight, float eps, int64_t m, int64_t k, bf16* y);
+// Row r of x starts at x + r * x_stride (x_stride >= k: a view into wider rows); y is dense.
+void rmsnorm(const bf16* x, int64_t x_stride, const bf16* weight, float eps, int64_t m, int64_t k,
+             bf16* y);
 
 // quantize_activation(rmsnorm(x)): the bf16 rounding of the norm's output is kept, so the
 // fused GPU kernel gives exactly what the unfused norm-then-quantize gives.
-void rmsnorm_quantize(const bf16* x, const bf16* weight, float eps, int64_t m, int64_t k,
-                      Fp8ActivationOut out);
+void rmsnorm_quantize(const bf16* x, int64_t x_stride, const bf16* weight, float eps, int64_t m,
+                      int64_t k, Fp8ActivationOut out);
 
 std::vector<float> dequantize(const Fp8WeightView& w);      // [N, K] fp32
 std::vector<float> dequantize(const Fp8ActivationView& x);  // [M, K] fp32

@@ -1,5 +1,6 @@
 #include "fp8proj/gate.hpp"
 
+#include <limits>
 #include <string>
 
 namespace fp8proj {
@@ -35,7 +36,10 @@ GateDecision decide_path(const GateInput& in) {
 std::string describe(const GateInput& in, const GateDecision& d) {
   using std::to_string;
   const std::string m = "M=" + to_string(in.m);
-  const std::string thr = "threshold " + to_string(in.threshold) + " (" + std::string(in.threshold_source) + ")";
+  // INT64_MAX is what `fp8proj tune` writes when FP8 never won by its margin (tuner.hpp).
+  const bool never = in.threshold == std::numeric_limits<int64_t>::max();
+  const std::string thr = "threshold " + (never ? std::string("never") : to_string(in.threshold)) + " (" +
+                          std::string(in.threshold_source) + ")";
   const std::string policy = std::string(" [policy ") + fp8proj::to_string(in.policy) + "]";
   switch (d.reason) {
     case GateReason::empty: return "M=0: nothing to compute";

@@ -2,6 +2,7 @@
 #include "fp8proj/projection.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,7 @@ struct ProjectionLayer::Impl {
   int64_t threshold = kDefaultThreshold;
   std::string threshold_source = "default";
   std::optional<TunedShape> tuned;
+  std::string tuned_source;  // the table file, or "ProjectionOptions::tuned"
 
   const GemmBackend* bf16_backend = nullptr;
   std::unique_ptr<Bf16GemmPlan> bf16_plan;
@@ -58,6 +60,7 @@ struct ProjectionLayer::Impl {
     std::unique_ptr<Fp8GemmPlan> plan;
   };
   std::vector<Fp8Candidate> fp8_plans;  // [0] is the default FP8 backend
+  std::vector<size_t> bucket_plan;      // tuned->buckets[i] runs on fp8_plans[bucket_plan[i]]
   std::shared_ptr<ActivationWorkspace> ws;
   bool owns_ws = false;
   const QuantOps* ops = nullptr;
@@ -84,13 +87,35 @@ struct ProjectionLayer::Impl {
     return (p == Path::fp8 && fp8_plans.empty()) ? Path::bf16 : p;
   }
 
-  // The FP8 plan for this M: the tuned bucket's backend when we hold a plan for it.
+  // The FP8 plan for this M: the tuned bucket's backend (make_fp8_copy decided which plan
+  // runs each bucket), else the primary.
   Fp8Candidate& fp8_for(int64_t m) {
-    if (tuned)
+    if (tuned && !bucket_plan.empty())
       if (const TunedBucket* b = tuned->bucket_for(m))
-        for (auto& c : fp8_plans)
-          if (c.backend->name() == b->fp8_backend) return c;
+        return fp8_plans[bucket_plan[static_cast<size_t>(b - tuned->buckets.data())]];
     return fp8_plans.front();
+  }
+
+  // For explain(): the tuned row and bucket behind this decision, or why there is none.
+  std::string tuned_row_text(int64_t m, const std::string& fp8_backend_used) const {
+    const std::string shape = std::to_string(n) + "x" + std::to_string(k);
+    if (!tuned) {
+      if (!opt.fp8 || !eligible || !arch_ok) return "";
+      if (!tuned_source.empty()) return "; no tuned row for " + shape + " in " + tuned_source;
+      return space == MemorySpace::device && opt.use_tune_table ? "; no tuned table for this GPU" : "";
+    }
+    std::string t = "; tuned row " + shape + " (" + tuned_source + ")";
+    const TunedBucket* b = tuned->bucket_for(m);
+    if (!b) return t + ", beyond its buckets";
+    char times[96];
+    std::snprintf(times, sizeof times, ": bf16 %.1f us, FP8 %.1f us", b->bf16_us, b->fp8_us);
+    t += " bucket [" + std::to_string(b->m_lo) + ", " + std::to_string(b->m_hi) + "]" + times + ", FP8 via " +
+         b->fp8_backend + (b->fp8_config.empty() ? "" : " [" + b->fp8_config + "]");
+    if (!fp8_backend_used.empty() && fp8_backend_used != b->fp8_backend)
+      t += " -- runs on " + fp8_backend_used + " here (" +
+           (opt.fp8_backend != "auto" ? "backend forced to " + opt.fp8_backend : "the tuned backend is unavailable") +
+           ")";
+    return t;
   }
 
   void check_io(const void* x, int64_t m, const void* y) const {
@@ -103,7 +128,7 @@ struct ProjectionLayer::Impl {
 
   void make_fp8_copy() {
     const GemmBackend* primary = opt.fp8_backend == "auto" ? default_backend(GemmKind::fp8_block, space, n, k)
-                                                           : find_backend(opt.fp8_backend);
+                                                           : find_backend(opt.fp8_backend, GemmKind::fp8_block);
     if (opt.fp8_backend != "auto") {
       FP8PROJ_CHECK(primary != nullptr, opt.name, ": FP8 backend '", opt.fp8_backend, "' is not available here");
       FP8PROJ_CHECK(primary->kind() == GemmKind::fp8_block && primary->space() == space, opt.name, ": backend '",
@@ -117,21 +142,48 @@ struct ProjectionLayer::Impl {
     ops->quantize_weight(weight, n, k, out, nullptr);
     ops->synchronize(nullptr);  // the copy must be complete before any stream uses it
 
+    // Which backend runs each tuned bucket: the bucket's own when it can run here (and no
+    // backend was forced), else the primary with its heuristic -- said once in the log.
     std::vector<const GemmBackend*> wanted = {primary};
-    if (tuned && opt.fp8_backend == "auto")
-      for (const auto& b : tuned->buckets)
-        if (const GemmBackend* be = find_backend(b.fp8_backend);
-            be && be->kind() == GemmKind::fp8_block && be->space() == space && be->unsupported_reason(n, k).empty() &&
-            std::find(wanted.begin(), wanted.end(), be) == wanted.end())
-          wanted.push_back(be);
+    std::vector<std::pair<const GemmBackend*, std::string>> per_bucket;  // parallel to tuned->buckets
+    if (tuned)
+      for (const auto& b : tuned->buckets) {
+        const GemmBackend* be = find_backend(b.fp8_backend, GemmKind::fp8_block);
+        std::string why;
+        if (opt.fp8_backend != "auto") {
+          if (b.fp8_backend != primary->name()) be = nullptr;  // a forced backend wins; explain() says so
+        } else {
+          why = !be                    ? "not available in this process"
+                : be->space() != space ? "not for this memory space"
+                                       : be->unsupported_reason(n, k);
+        }
+        if (!why.empty()) {
+          log_once(LogLevel::warn, "tuned-backend:" + opt.name + ":" + b.fp8_backend,
+                   opt.name + ": tuned table names FP8 backend '" + b.fp8_backend + "' for M in [" +
+                       std::to_string(b.m_lo) + ", " + std::to_string(b.m_hi) + "], which is " + why + "; using " +
+                       std::string(primary->name()) + " there");
+          be = nullptr;
+        }
+        if (!be) {
+          per_bucket.emplace_back(primary, "");
+          continue;
+        }
+        per_bucket.emplace_back(be, b.fp8_config);
+        if (std::find(wanted.begin(), wanted.end(), be) == wanted.end()) wanted.push_back(be);
+      }
     for (const GemmBackend* be : wanted) {
       GemmPlanOptions po;
       po.max_m = ws->max_tokens();
-      if (tuned)
-        for (const auto& b : tuned->buckets)
-          if (b.fp8_backend == be->name() && !b.fp8_config.empty()) po.config_by_m.emplace_back(b.m_hi, b.fp8_config);
+      // Every bucket this backend runs, "" (its heuristic) included, so that a bucket left to
+      // the heuristic does not inherit the configuration of the next tuned bucket above it.
+      auto tuned_here = [&](const auto& pb) { return pb.first == be && !pb.second.empty(); };
+      if (std::any_of(per_bucket.begin(), per_bucket.end(), tuned_here))
+        for (size_t i = 0; i < per_bucket.size(); ++i)
+          if (per_bucket[i].first == be) po.config_by_m.emplace_back(tuned->buckets[i].m_hi, per_bucket[i].second);
       fp8_plans.push_back({be, be->plan_fp8(out.view(), po)});
     }
+    for (const auto& pb : per_bucket)
+      bucket_plan.push_back(static_cast<size_t>(std::find(wanted.begin(), wanted.end(), pb.first) - wanted.begin()));
   }
 };
 
@@ -157,7 +209,7 @@ ProjectionLayer::ProjectionLayer(MemorySpace space, const bf16* weight, int64_t 
   s.ops = &quant_ops(space);
 
   s.bf16_backend = s.opt.bf16_backend == "auto" ? default_backend(GemmKind::bf16, space, n, k)
-                                                : find_backend(s.opt.bf16_backend);
+                                                : find_backend(s.opt.bf16_backend, GemmKind::bf16);
   FP8PROJ_CHECK(s.bf16_backend != nullptr && s.bf16_backend->kind() == GemmKind::bf16 &&
                     s.bf16_backend->space() == space,
                 name, ": no bf16 backend '", s.opt.bf16_backend, "' for this memory space");
@@ -181,9 +233,12 @@ ProjectionLayer::ProjectionLayer(MemorySpace space, const bf16* weight, int64_t 
 
   if (s.opt.tuned) {
     s.tuned = s.opt.tuned;
+    s.tuned_source = "ProjectionOptions::tuned";
   } else if (s.opt.use_tune_table && space == MemorySpace::device) {
-    if (const TuneTable* t = active_tune_table())
+    if (const TuneTable* t = active_tune_table()) {
       if (const TunedShape* row = t->find(n, k)) s.tuned = *row;
+      s.tuned_source = t->source;
+    }
   }
   if (s.opt.apply_env && env::min_fp8_tokens()) {
     s.threshold = *s.opt.threshold;
@@ -243,11 +298,12 @@ void ProjectionLayer::forward(const bf16* x, int64_t m, bf16* y, StreamHandle st
   }
 }
 
-void ProjectionLayer::forward_rmsnorm(const bf16* x, const bf16* norm_weight, float eps, int64_t m, bf16* y,
-                                      StreamHandle stream) {
+void ProjectionLayer::forward_rmsnorm(const bf16* x, int64_t x_stride, const bf16* norm_weight, float eps, int64_t m,
+                                      bf16* y, StreamHandle stream) {
   Impl& s = *impl_;
   s.check_io(x, m, y);
   FP8PROJ_CHECK(m == 0 || norm_weight != nullptr, s.opt.name, ": RMSNorm weight is null");
+  FP8PROJ_CHECK(x_stride >= s.k, s.opt.name, ": forward_rmsnorm input row stride ", x_stride, " is below K=", s.k);
   const Path p = s.path(m);
   if (p == Path::none) return;
   FP8PROJ_CHECK(s.ws != nullptr, s.opt.name, ": forward_rmsnorm needs ProjectionOptions::rmsnorm_input");
@@ -256,11 +312,11 @@ void ProjectionLayer::forward_rmsnorm(const bf16* x, const bf16* norm_weight, fl
     const int64_t rows = std::min(chunk, m - off);
     if (p == Path::fp8) {
       const Fp8ActivationOut q = s.ws->fp8(rows, s.k);
-      s.ops->rmsnorm_quantize(x + off * s.k, norm_weight, eps, rows, s.k, q, stream);
+      s.ops->rmsnorm_quantize(x + off * x_stride, x_stride, norm_weight, eps, rows, s.k, q, stream);
       s.fp8_for(rows).plan->run(q.view(), y + off * s.n, stream);
     } else {
       FP8PROJ_CHECK(s.ws->has_bf16_rows(), s.opt.name, ": workspace has no bf16 rows for forward_rmsnorm");
-      s.ops->rmsnorm(x + off * s.k, norm_weight, eps, rows, s.k, s.ws->bf16_rows(), stream);
+      s.ops->rmsnorm(x + off * x_stride, x_stride, norm_weight, eps, rows, s.k, s.ws->bf16_rows(), stream);
       s.bf16_plan->run(s.ws->bf16_rows(), rows, y + off * s.n, stream);
     }
   }
@@ -299,11 +355,8 @@ Explanation ProjectionLayer::explain(int64_t m) const {
     auto& c = const_cast<Impl&>(s).fp8_for(std::min(m, s.ws->max_tokens()));
     e.backend = std::string(c.backend->name());
     e.config = c.plan->describe(std::min(m, s.ws->max_tokens()));
-    if (s.tuned)
-      if (const TunedBucket* b = s.tuned->bucket_for(m))
-        e.reason += "; tuned row " + std::to_string(s.n) + "x" + std::to_string(s.k) + " bucket [" +
-                    std::to_string(b->m_lo) + ", " + std::to_string(b->m_hi) + "]";
   }
+  e.reason += s.tuned_row_text(m, e.path == Path::fp8 ? e.backend : "");
   return e;
 }
 

@@ -14,12 +14,13 @@ class HostQuantOps final : public QuantOps {
   void quantize_activation(const bf16* x, int64_t m, int64_t k, Fp8ActivationOut out, StreamHandle) const override {
     cpu::quantize_activation(x, m, k, out);
   }
-  void rmsnorm(const bf16* x, const bf16* w, float eps, int64_t m, int64_t k, bf16* y, StreamHandle) const override {
-    cpu::rmsnorm(x, w, eps, m, k, y);
+  void rmsnorm(const bf16* x, int64_t x_stride, const bf16* w, float eps, int64_t m, int64_t k, bf16* y,
+               StreamHandle) const override {
+    cpu::rmsnorm(x, x_stride, w, eps, m, k, y);
   }
-  void rmsnorm_quantize(const bf16* x, const bf16* w, float eps, int64_t m, int64_t k, Fp8ActivationOut out,
-                        StreamHandle) const override {
-    cpu::rmsnorm_quantize(x, w, eps, m, k, out);
+  void rmsnorm_quantize(const bf16* x, int64_t x_stride, const bf16* w, float eps, int64_t m, int64_t k,
+                        Fp8ActivationOut out, StreamHandle) const override {
+    cpu::rmsnorm_quantize(x, x_stride, w, eps, m, k, out);
   }
   void quantize_weight(const bf16* w, int64_t n, int64_t k, Fp8WeightOut out, StreamHandle) const override {
     cpu::quantize_weight(w, n, k, out);

@@ -143,15 +143,16 @@ void quantize_activation(const float* x, int64_t m, int64_t k, Fp8ActivationOut 
   quantize_activation_impl(x, m, k, out, mode);
 }
 
-void rmsnorm(const bf16* x, const bf16* weight, float eps, int64_t m, int64_t k, bf16* y) {
+void rmsnorm(const bf16* x, int64_t x_stride, const bf16* weight, float eps, int64_t m, int64_t k, bf16* y) {
   FP8PROJ_CHECK(m >= 0 && k > 0 && k % 8 == 0, "rmsnorm needs M >= 0 and K a positive multiple of 8, "
                 "got M=", m, " K=", k);
+  FP8PROJ_CHECK(x_stride >= k, "rmsnorm input row stride ", x_stride, " is below K=", k);
   if (m == 0) return;
   FP8PROJ_CHECK(x && weight && y, "rmsnorm got a null pointer");
   FP8PROJ_CHECK(eps >= 0.0f, "rmsnorm eps must be >= 0, got ", eps);
   parallel_for(m, 64, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
-      const bf16* row = x + r * k;
+      const bf16* row = x + r * x_stride;
       float lane[32] = {};
       for (int64_t c = 0; c < k / 8; ++c)
         for (int e = 0; e < 8; ++e) {
@@ -170,12 +171,12 @@ void rmsnorm(const bf16* x, const bf16* weight, float eps, int64_t m, int64_t k,
   });
 }
 
-void rmsnorm_quantize(const bf16* x, const bf16* weight, float eps, int64_t m, int64_t k,
+void rmsnorm_quantize(const bf16* x, int64_t x_stride, const bf16* weight, float eps, int64_t m, int64_t k,
                       Fp8ActivationOut out) {
   check_activation_args(x, m, k, out);
   if (m == 0) return;
   std::vector<bf16> normed(static_cast<size_t>(m * k));
-  rmsnorm(x, weight, eps, m, k, normed.data());
+  rmsnorm(x, x_stride, weight, eps, m, k, normed.data());
   quantize_activation(normed.data(), m, k, out);
 }
 

@@ -154,9 +154,9 @@ TEST(Projection, RmsNormInputAndPreQuantized) {
   o.rmsnorm_input = true;
   ProjectionLayer layer(MemorySpace::host, w.data(), n, k, o);
   std::vector<bf16> normed(m * k), y(m * n), ref(m * n);
-  cpu::rmsnorm(x.data(), g.data(), kRmsNormEps, m, k, normed.data());
+  cpu::rmsnorm(x.data(), k, g.data(), kRmsNormEps, m, k, normed.data());
   for (int64_t rows : {m, int64_t{100}}) {  // FP8 (fused) and bf16 paths
-    layer.forward_rmsnorm(x.data(), g.data(), kRmsNormEps, rows, y.data());
+    layer.forward_rmsnorm(x.data(), k, g.data(), kRmsNormEps, rows, y.data());
     layer.forward(normed.data(), rows, ref.data());
     EXPECT_EQ(0, std::memcmp(y.data(), ref.data(), rows * n * 2)) << "M=" << rows;
   }
@@ -185,7 +185,7 @@ TEST(Projection, BadInputAndEmptyCalls) {
   EXPECT_THROW(layer.forward(nullptr, 4, y.data()), Error);
   EXPECT_THROW(layer.forward(x.data(), 4, nullptr), Error);
   EXPECT_THROW(layer.forward(x.data(), -1, y.data()), Error);
-  EXPECT_THROW(layer.forward_rmsnorm(x.data(), nullptr, 1e-6f, 4, y.data()), Error);
+  EXPECT_THROW(layer.forward_rmsnorm(x.data(), 256, nullptr, 1e-6f, 4, y.data()), Error);
   HostFp8Activation q = make_host_fp8_activation(4, 128);  // wrong K
   EXPECT_THROW(layer.forward_quantized(q.view(), y.data()), Error);
   ProjectionLayer off(MemorySpace::host, w.data(), 128, 256, opts(false));

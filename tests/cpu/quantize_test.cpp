@@ -157,7 +157,7 @@ TEST(RmsNorm, MatchesFp64WithinBf16Rounding) {
   const int64_t m = 7, k = 2048;
   const auto x = random_bf16(m * k, 11, 3.0f), g = random_bf16(k, 12);
   std::vector<bf16> y(m * k);
-  cpu::rmsnorm(x.data(), g.data(), kRmsNormEps, m, k, y.data());
+  cpu::rmsnorm(x.data(), k, g.data(), kRmsNormEps, m, k, y.data());
   for (int64_t r = 0; r < m; ++r) {
     double ss = 0;
     for (int64_t c = 0; c < k; ++c) ss += std::pow(double(bf16_to_float(x[r * k + c])), 2);
@@ -173,10 +173,10 @@ TEST(RmsNorm, FusedQuantizeEqualsNormThenQuantize) {
   const int64_t m = 5, k = 1536;
   const auto x = random_bf16(m * k, 13, 2.0f), g = random_bf16(k, 14);
   std::vector<bf16> y(m * k);
-  cpu::rmsnorm(x.data(), g.data(), kRmsNormEps, m, k, y.data());
+  cpu::rmsnorm(x.data(), k, g.data(), kRmsNormEps, m, k, y.data());
   HostFp8Activation a = make_host_fp8_activation(m, k), b = make_host_fp8_activation(m, k);
   cpu::quantize_activation(y.data(), m, k, a.out());
-  cpu::rmsnorm_quantize(x.data(), g.data(), kRmsNormEps, m, k, b.out());
+  cpu::rmsnorm_quantize(x.data(), k, g.data(), kRmsNormEps, m, k, b.out());
   EXPECT_EQ(a.values, b.values);
   EXPECT_EQ(0, std::memcmp(a.scales.data(), b.scales.data(), a.scales.size() * 4));
 }

@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# One GPU session on an H200 (or any sm_90 machine), everything in one call:
+#   configure + build (Release, sm_90a, all cores) unless prebuilt binaries are carried in
+#   .device/bin and load here; GPU tests; verify; benchmarks; tuning; sanitizers.
+# Results: $OUT/results.tgz (logs, CSV/JSON) and $OUT/session.log ($OUT defaults to ./h200-out;
+# the device tool returns at most 8 files, so everything else travels inside the archive).
+#
+#   bash scripts/h200.sh [step ...]      steps: info tests verify bench layer tune check
+#                                               harness sanitize  (default: all but tune/check)
+# Each step has its own timeout so that one hang cannot eat the session.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-$PWD/h200-out}"
+R="$(mktemp -d)/results"
+mkdir -p "$R" "$OUT"
+finish() { tar czf "$OUT/results.tgz" -C "$(dirname "$R")" results; cp "$R/session.log" "$OUT/" 2>/dev/null; }
+trap finish EXIT
+export NCCL_NVLS_ENABLE=0  # NVLink multicast stays off on shared machines
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(info tests verify bench layer harness sanitize)
+# profile: Nsight Compute on the GEMM (large-M tile and small-M swap-AB), clocks left alone.
+want() { local s; for s in "${steps[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
+log() { echo "[h200 $(date +%H:%M:%S)] $*" | tee -a "$R/session.log"; }
+# The whole session must end (and write its archive) before the device call's own limit.
+DEADLINE=$((SECONDS + ${H200_BUDGET_S:-540}))
+run() {  # run NAME TIMEOUT CMD...: output to $R/NAME.log, status to session.log
+  local name=$1 t=$2; shift 2
+  local left=$((DEADLINE - SECONDS - 15))
+  if [ "$left" -lt 20 ]; then log "skip $name: session budget spent"; return 124; fi
+  [ "$t" -gt "$left" ] && t=$left
+  log "start $name: $*"
+  local t0=$SECONDS
+  timeout --kill-after=10 "$t" "$@" >"$R/$name.log" 2>&1
+  local rc=$?
+  log "end $name rc=$rc ($((SECONDS - t0)) s)"
+  tail -n 25 "$R/$name.log"
+  return $rc
+}
+
+# ---- binaries: carried or built here ----
+BIN=.device/bin
+# OpenBLAS (and its gfortran runtime) travel with carried binaries built on another distro.
+[ -d .device/lib ] && export LD_LIBRARY_PATH="$PWD/.device/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+if [ -x "$BIN/fp8proj" ] && ! ldd "$BIN/fp8proj" | grep -q "not found" && "$BIN/fp8proj" info >/dev/null 2>&1; then
+  log "using carried binaries in $BIN"
+else
+  log "building (carried binaries missing or not loadable here)"
+  export PATH=/usr/local/cuda/bin:$PATH
+  gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
+  cmake -S . -B build-h200 "${gen[@]}" -DCMAKE_BUILD_TYPE=Release >"$R/configure.log" 2>&1 || { tail -30 "$R/configure.log"; exit 1; }
+  t0=$SECONDS
+  cmake --build build-h200 -j "$(nproc)" >"$R/build.log" 2>&1 || { grep -E "error|Error" "$R/build.log" | head -40; exit 1; }
+  log "built in $((SECONDS - t0)) s"
+  mkdir -p "$BIN"
+  cp build-h200/tools/fp8proj/fp8proj build-h200/tests/fp8proj_cpu_tests build-h200/tests/gpu/fp8proj_gpu_tests "$BIN"/ 2>/dev/null
+  [ -x build-h200/tests/gpu/sm90_fp8_gemm_harness ] && cp build-h200/tests/gpu/sm90_fp8_gemm_harness "$BIN"/
+fi
+FP8=$BIN/fp8proj
+
+want info && {
+  { nvidia-smi; nvidia-smi -q -d CLOCK,POWER | head -60; "$FP8" info; git log -1 --format='commit %H %s' 2>/dev/null; } \
+    >"$R/info.log" 2>&1
+  "$FP8" info | head -20
+}
+want tests && {
+  run gpu_tests 300 "$BIN/fp8proj_gpu_tests" --gtest_output="xml:$R/gpu_tests.xml"
+  # Checkpoint tests need the fixtures CTest writes first; CI runs them.
+  run cpu_tests 120 "$BIN/fp8proj_cpu_tests" --gtest_brief=1 --gtest_filter=-Checkpoint*
+}
+want harness && [ -x "$BIN/sm90_fp8_gemm_harness" ] && {
+  run harness_quick 240 "$BIN/sm90_fp8_gemm_harness" --quick
+}
+# design: every kernel configuration timed on DESIGN.md's shapes (BEST/SUMMARY lines).
+want design && [ -x "$BIN/sm90_fp8_gemm_harness" ] && \
+  run harness_design 240 "$BIN/sm90_fp8_gemm_harness" --shapes design --reps 15
+want tune && run tune 420 "$FP8" tune --model glm5,deepseek-v3 --tp 1,2,4,8 --out "$R/nvidia-h200.json" \
+  --csv "$R/tune.csv" --md "$R/tune.md"
+# Later steps measure with the table just made (the layer reads it at construction).
+[ -s "$R/nvidia-h200.json" ] && export FP8PROJ_TUNE_FILE="$R/nvidia-h200.json" && log "using $FP8PROJ_TUNE_FILE"
+want bench && run bench 420 "$FP8" bench --csv "$R/bench.csv" --json "$R/bench.json"
+want layer && run layer 300 "$FP8" layer --model glm5 --tp 1,4 --seqs 4,8,16,32,64 --seqlen 1024 \
+  --csv "$R/layer.csv" --json "$R/layer.json" --md "$R/layer.md"
+want verify && run verify 180 "$FP8" verify --case 1x256x384 --case 17x384x256 --case 300x2048x1536 \
+  --case 129x6144x2048 --case 1000x4096x2048 --case 4097x2048x1536
+want check && run gatecheck 300 "$FP8" tune --check "$R/nvidia-h200.json" --csv "$R/gatecheck.csv"
+want check && {  # a corrupt and a mismatched table are rejected with one line; the layer still works
+  echo '{not json' >"$R/bad.json"
+  python3 -c "import json,sys;t=json.load(open(sys.argv[1]));t['stamp']['gpu_name']='NVIDIA H100 80GB HBM3';json.dump(t,open(sys.argv[2],'w'))" \
+    "$R/nvidia-h200.json" "$R/h100.json" 2>/dev/null
+  for f in bad h100; do
+    FP8PROJ_TUNE_FILE="$R/$f.json" "$FP8" explain --fp8 --model glm5 --tp 1 --m 1,4096 >"$R/reject_$f.log" 2>&1
+    echo "rc=$?" >>"$R/reject_$f.log"
+  done
+  FP8PROJ_TUNE_FILE="$R/nvidia-h200.json" "$FP8" explain --fp8 --policy all --model glm5,deepseek-v3 --tp 1,4 \
+    --m 1,16,64,200,700,1500,4096,32768 >"$R/explain_tuned.log" 2>&1
+}
+want sanitize && command -v compute-sanitizer >/dev/null && {
+  # memcheck over the GPU tests (minus the exhaustive 2^32-input conversions and the timing
+  # loops, which only repeat what is checked elsewhere) and over the GEMM harness on a small
+  # and a large shape; racecheck on the harness (the shared-memory pipelines).
+  run memcheck_tests 240 compute-sanitizer --tool memcheck --error-exitcode 9 "$BIN/fp8proj_gpu_tests" \
+    --gtest_filter='-*HardwareCvt*:*Speed*:*Bandwidth*'
+  [ -x "$BIN/sm90_fp8_gemm_harness" ] && {
+    run memcheck_gemm 150 compute-sanitizer --tool memcheck --error-exitcode 9 "$BIN/sm90_fp8_gemm_harness" \
+      --no-timing --mnk 100,640,384 --mnk 33,2048,1536 --mnk 4097,6144,2048
+    run racecheck_gemm 150 compute-sanitizer --tool racecheck --error-exitcode 9 "$BIN/sm90_fp8_gemm_harness" \
+      --no-timing --mnk 100,640,384 --mnk 1000,2048,1024
+  }
+}
+want profile && command -v ncu >/dev/null && [ -x "$BIN/sm90_fp8_gemm_harness" ] && {
+  run ncu_large 120 ncu --clock-control none -k regex:sm90_fp8_gemm --launch-count 2 --section SpeedOfLight \
+    --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats \
+    --section SchedulerStats "$BIN/sm90_fp8_gemm_harness" --no-timing --mnk 8192,6144,16384
+  run ncu_small 120 ncu --clock-control none -k regex:sm90_fp8_gemm --launch-count 2 --section SpeedOfLight \
+    --section MemoryWorkloadAnalysis --section WarpStateStats "$BIN/sm90_fp8_gemm_harness" --no-timing \
+    --mnk 16,4096,2048
+}
+
+log "done; results in $OUT/results.tgz"

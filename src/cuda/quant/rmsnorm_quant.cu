@@ -1,0 +1,168 @@
+// RMSNorm, alone (bf16 out) and fused with the 1x128 activation quantization (e4m3 + UE8M0
+// scales out): the input side of q_b_proj, which follows q_a_layernorm. Bit-identical to
+// cpu::rmsnorm / cpu::rmsnorm_quantize (src/quant/quantize_cpu.cpp):
+//   ss   lane j of the row's warp accumulates with fmaf, in increasing order, the elements of
+//        the 8-element chunks c = j, j+32, j+64, ...; then s[j] += s[j ^ off] for off = 16..1
+//        (after the butterfly every lane holds the same sum, bit for bit: each step adds the
+//        same two numbers in both partner lanes);
+//   r    1.0f / sqrtf(ss / K + eps), IEEE division and square root (no fast math);
+//   y    bf16((x * r) * w), rounded to nearest even (cvt.rn.bf16x2.f32 = float_to_bf16, see
+//        fp8_group_quant.cuh; NaN outputs are NaN with the GPU's payload);
+//   q    the fused kernel quantizes those bf16 values exactly as activation_quant.cu does.
+//
+// Layouts (shape : stride, elements):
+//   x     [M, K] : [x_stride, 1]  bf16 (K a multiple of 8; of 128 for the fused kernel;
+//                           x_stride >= K, a multiple of 8: a view into wider rows, e.g. the
+//                           q_a columns of fused_qkv_a's output)
+//   y     [M, K] : [K, 1]   bf16
+//   w     [K] : [1]         bf16 norm weight
+//   q     [M, K] : [K, 1]   e4m3; scales [K/128, ld] : [ld, 1], M-contiguous, pads
+//                           [M, round_up(M, 4)) written as 1.0f (see activation_quant.cu)
+//
+// Launch: 256 threads per CTA, one warp per row, 8 rows per CTA, grid ceil(M/8).
+//   - The reduction order above fixes the work split: one warp per row, lane j on chunks j mod 32.
+//     Each lane keeps up to 8 chunks (K <= 2048, the q_lora ranks 1536 and 2048 of DeepSeek-V3
+//     and GLM-5) in registers, so the row is read once; larger K streams the rest of the row
+//     twice (the second read mostly hits L2).
+//   - Fused: in chunk iteration i, lanes 0-15 hold group 2i and lanes 16-31 group 2i+1 (16 lanes
+//     x 8 values), so a group's amax takes 4 shuffles inside a half-warp. Codes go out as 8-byte
+//     stores, 256 contiguous bytes per warp.
+//   - Fused scales: the CTA gathers its 8 rows x K/128 scales in shared memory and writes each
+//     group's 8 rows as one 32-byte run instead of 8 scattered 4-byte stores.
+//   - M = 4096: 512 CTAs, ~2 waves at 2 CTAs per SM; each row is 4 KB in + 2 KB out at K = 2048.
+#include "cuda/common/cuda_check.hpp"
+#include "cuda/quant/fp8_group_quant.cuh"
+#include "cuda/quant/quant_kernels.hpp"
+
+namespace fp8proj::gpu {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kRowsPerCta = kThreads / 32;  // one warp per row
+constexpr int kChunk = 8;                   // bf16 values per 16-byte load; the CPU's chunk
+constexpr int kCachedChunks = 8;            // per lane: rows of up to 32 * 8 * 8 = 2048 read once
+constexpr int kLanesPerGroup = kScaleBlock / kChunk;  // 16
+
+__device__ __forceinline__ float add_squares(const uint4& v, float ss) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {  // elements 8c .. 8c+7 in increasing order, as the CPU does
+    const float lo = bf16_lo(w[i]), hi = bf16_hi(w[i]);
+    ss = fmaf(lo, lo, ss);
+    ss = fmaf(hi, hi, ss);
+  }
+  return ss;
+}
+
+// bf16((x * r) * w) for the 8 values of one chunk, packed two per word.
+__device__ __forceinline__ void normalize(const uint4& xv, const uint4& wv, float r, uint32_t (&y)[4]) {
+  const uint32_t xw[4] = {xv.x, xv.y, xv.z, xv.w}, ww[4] = {wv.x, wv.y, wv.z, wv.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    y[i] = bf16x2_rn((bf16_lo(xw[i]) * r) * bf16_lo(ww[i]), (bf16_hi(xw[i]) * r) * bf16_hi(ww[i]));
+}
+
+// Where a row's results go: y for the plain norm; q and the CTA's shared scale tile
+// ([K/128][kRowsPerCta]) for the fused kernel.
+struct RowOut {
+  bf16* y;
+  uint8_t* q;
+  float* tile_scales;
+};
+
+// Normalizes (and quantizes) chunk c of the row. Every lane of the warp calls it together;
+// `valid` is false for lanes past the end of the row (whole half-warps: K % 128 == 0).
+template <bool kQuantize>
+__device__ __forceinline__ void emit_chunk(const uint4& xv, const bf16* __restrict__ w, float r, int64_t row,
+                                           int64_t k, int64_t c, bool valid, int lane, int warp,
+                                           const RowOut& out) {
+  const uint4 wv = valid ? __ldg(reinterpret_cast<const uint4*>(w) + c) : make_uint4(0, 0, 0, 0);
+  uint32_t yw[4];
+  normalize(xv, wv, r, yw);
+  if constexpr (!kQuantize) {
+    if (valid) reinterpret_cast<uint4*>(out.y + row * k)[c] = make_uint4(yw[0], yw[1], yw[2], yw[3]);
+  } else {
+    uint32_t codes[2];
+    const float s = quantize_group<kLanesPerGroup>(yw, kActAmaxEps, codes);
+    if (valid) {
+      reinterpret_cast<uint2*>(out.q + row * k)[c] = make_uint2(codes[0], codes[1]);
+      if (lane % kLanesPerGroup == 0) out.tile_scales[(c / kLanesPerGroup) * kRowsPerCta + warp] = s;
+    }
+  }
+}
+
+// Min 2 CTAs per SM caps registers at 128. Without the hint ptxas (CUDA 13.0) still used 64
+// registers but spilled 4 bytes (8-byte stack frame); with it: 64 registers, no stack.
+template <bool kQuantize>
+__global__ void __launch_bounds__(kThreads, 2)
+    rmsnorm_kernel(const bf16* __restrict__ x, int64_t x_stride, const bf16* __restrict__ w, float eps, int64_t m,
+                   int64_t k, bf16* __restrict__ y, uint8_t* __restrict__ q, float* __restrict__ scales, int64_t ld) {
+  extern __shared__ float tile_scales[];  // [K/128][kRowsPerCta], fused kernel only
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t row0 = int64_t{blockIdx.x} * kRowsPerCta;
+  const int64_t row = row0 + warp;
+  const int64_t chunks = k / kChunk;
+  const RowOut out{y, q, tile_scales};
+
+  if (row < m) {  // warp-uniform
+    const uint4* xr = reinterpret_cast<const uint4*>(x + row * x_stride);
+    uint4 cache[kCachedChunks];
+    float ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kCachedChunks; ++i) {
+      const int64_t c = lane + 32 * i;
+      cache[i] = c < chunks ? __ldg(xr + c) : make_uint4(0, 0, 0, 0);
+      if (c < chunks) ss = add_squares(cache[i], ss);
+    }
+    for (int64_t c = lane + 32 * kCachedChunks; c < chunks; c += 32) ss = add_squares(__ldg(xr + c), ss);
+#pragma unroll
+    for (int off = 16; off >= 1; off /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+    const float r = 1.0f / sqrtf(ss / static_cast<float>(k) + eps);
+
+#pragma unroll
+    for (int i = 0; i < kCachedChunks; ++i) {
+      if (32 * i >= chunks) break;  // warp-uniform
+      const int64_t c = lane + 32 * i;
+      emit_chunk<kQuantize>(cache[i], w, r, row, k, c, c < chunks, lane, warp, out);
+    }
+    for (int64_t base = 32 * kCachedChunks; base < chunks; base += 32) {
+      const int64_t c = base + lane;
+      const bool valid = c < chunks;
+      emit_chunk<kQuantize>(valid ? __ldg(xr + c) : make_uint4(0, 0, 0, 0), w, r, row, k, c, valid, lane, warp,
+                            out);
+    }
+  }
+
+  if constexpr (kQuantize) {
+    __syncthreads();
+    // Entry e = (group, row-in-CTA): 8 consecutive threads store one group's 8 rows (32 bytes).
+    const int64_t entries = (k / kScaleBlock) * kRowsPerCta;
+    const int64_t rows_written = round_up(m, 4);  // pads [m, round_up(m, 4)) never cross into another CTA
+    for (int64_t e = threadIdx.x; e < entries; e += kThreads) {
+      const int64_t g = e / kRowsPerCta, rr = row0 + e % kRowsPerCta;
+      if (rr < rows_written) scales[g * ld + rr] = rr < m ? tile_scales[e] : 1.0f;
+    }
+  }
+}
+
+}  // namespace
+
+void launch_rmsnorm(const bf16* x, int64_t x_stride, const bf16* w, float eps, int64_t m, int64_t k, bf16* y,
+                    cudaStream_t stream) {
+  if (m == 0) return;
+  rmsnorm_kernel<false><<<static_cast<unsigned>(ceil_div(m, kRowsPerCta)), kThreads, 0, stream>>>(
+      x, x_stride, w, eps, m, k, y, nullptr, nullptr, 0);
+  CUDA_CHECK_LAUNCH();
+}
+
+void launch_rmsnorm_quant(const bf16* x, int64_t x_stride, const bf16* w, float eps, int64_t m, int64_t k,
+                          const Fp8ActivationOut& out, cudaStream_t stream) {
+  if (m == 0) return;
+  const size_t smem = static_cast<size_t>(k / kScaleBlock) * kRowsPerCta * sizeof(float);  // 16 KB at K = 65536
+  rmsnorm_kernel<true><<<static_cast<unsigned>(ceil_div(m, kRowsPerCta)), kThreads, smem, stream>>>(
+      x, x_stride, w, eps, m, k, nullptr, out.values, out.scales, out.scale_ld);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace fp8proj::gpu

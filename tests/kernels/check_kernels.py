@@ -1,0 +1,79 @@
+#!/usr/bin/env python3
+"""Static checks of the compiled device code; needs no GPU.
+
+  check_kernels.py <libfp8proj.a>
+
+1. Every kernel has a zero stack frame and no local memory (spills land in local memory):
+   read from `cuobjdump --dump-resource-usage`.
+2. The sm90 FP8 GEMM kernels' SASS contains QGMMA (the FP8 WGMMA); a matrix kernel that
+   shows only HMMA/FFMA is on a slower path.
+
+cuobjdump comes with the CUDA toolkit or from PyPI (nvidia-cuda-cuobjdump +
+nvidia-cuda-nvdisasm, installed by scripts/setup-deps.sh). Without it the test exits 77,
+which CTest reports as skipped.
+"""
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+
+
+def find_tool(name):
+    path = shutil.which(name)
+    if path:
+        return path
+    for base in {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}:
+        hits = sorted(glob.glob(os.path.join(base, "nvidia", "*", "bin", name)))
+        if hits:
+            return hits[-1]
+    cuda = os.path.join("/usr/local/cuda/bin", name)
+    return cuda if os.path.exists(cuda) else None
+
+
+def main():
+    lib = sys.argv[1]
+    cuobjdump = find_tool("cuobjdump")
+    if cuobjdump is None:
+        print("SKIP: cuobjdump not found (install nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm)")
+        return 77
+    env = dict(os.environ)
+    nvdisasm = find_tool("nvdisasm")
+    if nvdisasm:  # cuobjdump -sass calls nvdisasm from PATH
+        env["PATH"] = os.path.dirname(nvdisasm) + os.pathsep + env.get("PATH", "")
+
+    usage = subprocess.run([cuobjdump, "--dump-resource-usage", lib], capture_output=True, text=True, check=True,
+                           env=env).stdout
+    funcs = re.findall(r"Function (\S+):\s*\n\s*REG:(\d+) STACK:(\d+) SHARED:\d+ LOCAL:(\d+)", usage)
+    if not funcs:
+        print("FAIL: no device functions found in", lib)
+        return 1
+    bad = [(f, s, l) for f, r, s, l in funcs if int(s) or int(l)]
+    for f, r, s, l in funcs:
+        print(f"REG {int(r):3d} STACK {s} LOCAL {l}  {f[:110]}")
+    if bad:
+        for f, s, l in bad:
+            print(f"FAIL: {f} has STACK {s} / LOCAL {l} bytes (spills or a run-time-indexed array)")
+        return 1
+
+    sass = subprocess.run([cuobjdump, "-sass", lib], capture_output=True, text=True, check=True, env=env).stdout
+    blocks = re.split(r"\n\s*Function : ", sass)
+    gemm = [b for b in blocks if "sm90_fp8_gemm" in b.split("\n", 1)[0]]
+    if not gemm:
+        print("FAIL: no sm90_fp8_gemm kernels in", lib)
+        return 1
+    missing = [b.split("\n", 1)[0] for b in gemm if "QGMMA" not in b]
+    for b in gemm:
+        print(f"QGMMA x{b.count('QGMMA'):3d}  {b.split(chr(10), 1)[0][:110]}")
+    if missing:
+        for name in missing:
+            print("FAIL: no QGMMA in", name)
+        return 1
+    print(f"OK: {len(funcs)} kernels with zero stack/local memory; {len(gemm)} FP8 GEMM kernels use QGMMA")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

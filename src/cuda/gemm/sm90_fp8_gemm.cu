@@ -1,0 +1,285 @@
+// Launcher of the sm90_fp8_block kernel family: argument checks, TMA descriptors, explicit
+// instantiation of the few kernels in kernel_family(), and the launch.
+//
+// Build (sm_90a only; wgmma and setmaxnreg need the "a" target), one line:
+//   nvcc -std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a -Xptxas -v -Iinclude -Isrc
+//        -c src/cuda/gemm/sm90_fp8_gemm.cu
+// `-Xptxas -v` must report 0 bytes stack frame and 0 spills for every kernel.
+#include "cuda/gemm/sm90_fp8_gemm.hpp"
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <mutex>
+#include <tuple>
+#include <vector>
+
+#include "cuda/common/cuda_check.hpp"
+#include "cuda/kernels/sm90_fp8_gemm_1d2d.cuh"
+#include "cuda/kernels/sm90_fp8_gemm_swapab.cuh"
+
+namespace fp8proj::sm90 {
+
+namespace {
+
+// ---- TMA descriptor encoding without linking libcuda ----
+
+PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* ptr = nullptr;
+    cudaDriverEntryPointQueryResult status{};
+    CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &status));
+    FP8PROJ_CHECK(status == cudaDriverEntryPointSuccess && ptr != nullptr,
+                  "cuTensorMapEncodeTiled not found in the CUDA driver (needs a CUDA 12+ driver)");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(ptr);
+  }();
+  return fn;
+}
+
+// 2D tensor [outer][inner] with row stride `row_bytes`; box {box_inner, box_outer}.
+// Out-of-bounds loads read zeros (OOB fill NONE; NAN_REQUEST_ZERO_FMA would read NaN).
+CUtensorMap make_map_2d(CUtensorMapDataType dtype, const void* base, uint64_t inner, uint64_t outer,
+                        uint64_t row_bytes, uint32_t box_inner, uint32_t box_outer, CUtensorMapSwizzle swizzle,
+                        const char* what) {
+  CUtensorMap map;
+  const cuuint64_t dims[2] = {inner, outer};
+  const cuuint64_t strides[1] = {row_bytes};
+  const cuuint32_t box[2] = {box_inner, box_outer};
+  const cuuint32_t elem_strides[2] = {1, 1};
+  const CUresult r = encode_fn()(&map, dtype, 2, const_cast<void*>(base), dims, strides, box, elem_strides,
+                                 CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  FP8PROJ_CHECK(r == CUDA_SUCCESS, "cuTensorMapEncodeTiled failed (CUresult ", static_cast<int>(r), ") for ", what,
+                ": dims {", inner, ", ", outer, "}, row stride ", row_bytes, " B, box {", box_inner, ", ",
+                box_outer, "}");
+  return map;
+}
+
+CUtensorMapSwizzle swizzle_of(int bytes) {
+  switch (bytes) {
+    case 32: return CU_TENSOR_MAP_SWIZZLE_32B;
+    case 64: return CU_TENSOR_MAP_SWIZZLE_64B;
+    default: return CU_TENSOR_MAP_SWIZZLE_128B;
+  }
+}
+
+// cudaFuncAttributeMaxDynamicSharedMemorySize once per kernel and device (the attribute is
+// per device context). Not a stream operation: safe while a graph is being captured.
+template <class KernelPtr>
+void ensure_max_smem(KernelPtr kernel, std::atomic<uint64_t>& done_devices) {
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  const uint64_t bit = uint64_t{1} << (dev & 63);
+  if (done_devices.load(std::memory_order_acquire) & bit) return;
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(kMaxSmemPerBlock)));
+  done_devices.fetch_or(bit, std::memory_order_acq_rel);
+}
+
+void check_device_is_sm90() {
+  static std::atomic<uint64_t> ok_devices{0};
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  const uint64_t bit = uint64_t{1} << (dev & 63);
+  if (ok_devices.load(std::memory_order_acquire) & bit) return;
+  int major = 0, minor = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  FP8PROJ_CHECK(major == 9 && minor == 0, "sm90_fp8_block runs only on compute capability 9.0 (H100/H200, built for ",
+                "sm_90a); device ", dev, " is ", major, ".", minor);
+  ok_devices.fetch_or(bit, std::memory_order_acq_rel);
+}
+
+struct Maps {
+  CUtensorMap a, sfa, b, d;
+};
+
+// rows_a: box rows of the A tile (and A-scale box); rows_b: box rows of the B tile;
+// d box {d_cols, d_rows} with swizzle d_swizzle bytes.
+Maps make_maps(const Fp8GemmArgs& x, uint32_t rows_a, uint32_t rows_b, uint32_t d_cols, uint32_t d_rows,
+               int d_swizzle) {
+  const uint64_t m = static_cast<uint64_t>(x.m), n = static_cast<uint64_t>(x.n), k = static_cast<uint64_t>(x.k);
+  Maps maps;
+  maps.a = make_map_2d(CU_TENSOR_MAP_DATA_TYPE_UINT8, x.a, k, m, k, 128, rows_a, CU_TENSOR_MAP_SWIZZLE_128B, "A");
+  // Scales: logical width M (not a_scale_ld), so padding entries are never read: TMA
+  // zero-fills rows >= M. The row stride is the caller's a_scale_ld.
+  maps.sfa = make_map_2d(CU_TENSOR_MAP_DATA_TYPE_FLOAT32, x.a_scales, m, k / 128,
+                         static_cast<uint64_t>(x.a_scale_ld) * 4, rows_a, 1, CU_TENSOR_MAP_SWIZZLE_NONE, "a_scales");
+  maps.b = make_map_2d(CU_TENSOR_MAP_DATA_TYPE_UINT8, x.b, k, n, k, 128, rows_b, CU_TENSOR_MAP_SWIZZLE_128B, "B");
+  maps.d = make_map_2d(CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, x.d, n, m, n * 2, d_cols, d_rows, swizzle_of(d_swizzle),
+                       "D");
+  return maps;
+}
+
+// Clusters of C CTAs at the kernel's full shared memory: how many fit on the device at once
+// (a GPC whose free SM count is odd leaves one SM out of 2-CTA clusters), once per kernel,
+// device and shared-memory size class. The persistent grid never asks for more, or the
+// clusters past it would run as a second wave.
+template <class KernelPtr>
+int max_active_clusters(KernelPtr kernel, int cluster, unsigned threads, size_t smem) {
+  static std::mutex mu;
+  static std::vector<std::tuple<const void*, int, size_t, int>> cache;  // (kernel, device, smem) -> count
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(mu);
+  for (const auto& [k, d, s, n] : cache)
+    if (k == reinterpret_cast<const void*>(kernel) && d == dev && s == smem) return n;
+  cudaLaunchConfig_t lc{};
+  lc.gridDim = dim3(static_cast<unsigned>(cluster), 1, 1);
+  lc.blockDim = dim3(threads, 1, 1);
+  lc.dynamicSmemBytes = smem;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = static_cast<unsigned>(cluster);
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  lc.attrs = &attr;
+  lc.numAttrs = 1;
+  int n = 0;
+  CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, kernel, &lc));
+  FP8PROJ_CHECK(n > 0, "sm90 FP8 GEMM: no cluster of ", cluster, " CTAs with ", smem, " B of shared memory fits");
+  cache.emplace_back(reinterpret_cast<const void*>(kernel), dev, smem, n);
+  return n;
+}
+
+template <class T>
+void launch_1d2d(const Fp8GemmArgs& x, const Config& cfg, int num_sms, cudaStream_t stream) {
+  static_assert(T::kSmemFixed == smem_fixed_bytes(KernelKind::kGemm1d2d, T::BLOCK_M, T::BLOCK_N, T::kStages),
+                "kernel shared-memory layout and heuristic disagree");
+  static_assert(T::kSfbRows == b_scale_rows(T::BLOCK_N), "B-scale rows: kernel and heuristic disagree");
+  static std::atomic<uint64_t> smem_set{0};
+  auto kernel = kernels::sm90_fp8_gemm_1d2d_kernel<T>;
+  ensure_max_smem(kernel, smem_set);
+
+  const Problem p{x.m, x.n, x.k, num_sms};
+  const TileGrid g = tile_grid(cfg, p);
+  // With a cluster, each producer loads (and multicasts) BLOCK_N / kCluster rows of B.
+  const Maps maps = make_maps(x, T::BLOCK_M, T::kBRowsPerCta, T::kDSlabCols, T::BLOCK_M, T::kDSwizzle);
+  const auto smem = static_cast<size_t>(smem_bytes(cfg, x.k));
+  const auto m32 = static_cast<uint32_t>(x.m), n32 = static_cast<uint32_t>(x.n), k32 = static_cast<uint32_t>(x.k);
+  const auto group = static_cast<uint32_t>(raster_group_m(cfg, p));
+  if constexpr (T::kCluster == 1) {
+    kernel<<<static_cast<unsigned>(g.grid), T::kThreads, smem, stream>>>(maps.a, maps.sfa, maps.b, maps.d,
+                                                                          x.b_scales, m32, n32, k32, group);
+    CUDA_CHECK_LAUNCH();
+  } else {
+    const int clusters = std::min<int64_t>(g.grid / T::kCluster, max_active_clusters(kernel, T::kCluster, T::kThreads, smem));
+    cudaLaunchConfig_t lc{};
+    lc.gridDim = dim3(static_cast<unsigned>(clusters * T::kCluster), 1, 1);
+    lc.blockDim = dim3(T::kThreads, 1, 1);
+    lc.dynamicSmemBytes = smem;
+    lc.stream = stream;
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = T::kCluster;
+    attr.val.clusterDim.y = 1;
+    attr.val.clusterDim.z = 1;
+    lc.attrs = &attr;
+    lc.numAttrs = 1;
+    CUDA_CHECK(cudaLaunchKernelEx(&lc, kernel, maps.a, maps.sfa, maps.b, maps.d, x.b_scales, m32, n32, k32, group));
+  }
+}
+
+template <class T>
+void launch_swapab(const Fp8GemmArgs& x, const Config& cfg, void* workspace, int num_sms, cudaStream_t stream) {
+  static_assert(T::kSmemFixed == smem_fixed_bytes(KernelKind::kSwapAB, T::BLOCK_TOK, T::BLOCK_W, T::kStages),
+                "kernel shared-memory layout and heuristic disagree");
+  static std::atomic<uint64_t> smem_set{0};
+  auto kernel = kernels::sm90_fp8_gemm_swapab_kernel<T>;
+  ensure_max_smem(kernel, smem_set);
+
+  const Problem p{x.m, x.n, x.k, num_sms};
+  const TileGrid g = tile_grid(cfg, p);
+  // Swapped roles: the token tile is the A box (BLOCK_TOK rows), the weight tile 128 rows.
+  const Maps maps = make_maps(x, T::BLOCK_TOK, T::BLOCK_W, 64, T::BLOCK_TOK, 128);
+  uint32_t* counters = nullptr;
+  float* partials = nullptr;
+  if (cfg.split_k > 1) {
+    counters = static_cast<uint32_t*>(workspace);
+    partials = reinterpret_cast<float*>(static_cast<char*>(workspace) + split_counter_bytes(x.n));
+  }
+  const auto smem = static_cast<size_t>(smem_bytes(cfg, x.k));
+  kernel<<<static_cast<unsigned>(g.grid), T::kThreads, smem, stream>>>(
+      maps.a, maps.sfa, maps.b, maps.d, x.b_scales, static_cast<uint32_t>(x.m), static_cast<uint32_t>(x.n),
+      static_cast<uint32_t>(x.k), static_cast<uint32_t>(cfg.split_k), counters, partials);
+  CUDA_CHECK_LAUNCH();
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+void check_pointer(const void* p, const char* name) {
+  FP8PROJ_CHECK(p != nullptr, "sm90 FP8 GEMM: ", name, " is null");
+  FP8PROJ_CHECK(aligned16(p), "sm90 FP8 GEMM: ", name, " must be 16-byte aligned (TMA), got ", p);
+}
+
+bool same_kernel(const Config& a, const Config& b) {
+  return a.kind == b.kind && a.block_m == b.block_m && a.block_n == b.block_n && a.math_wgs == b.math_wgs &&
+         a.stages == b.stages && a.cluster == b.cluster;
+}
+
+}  // namespace
+
+void run(const Fp8GemmArgs& x, const Config& cfg, void* workspace, size_t workspace_size, int num_sms,
+         cudaStream_t stream) {
+  const Problem p{x.m, x.n, x.k, num_sms};
+  check_problem(p);
+  if (x.m == 0) return;
+  check_pointer(x.a, "A");
+  check_pointer(x.a_scales, "a_scales");
+  check_pointer(x.b, "B");
+  check_pointer(x.b_scales, "b_scales");
+  check_pointer(x.d, "D");
+  FP8PROJ_CHECK(x.a_scale_ld >= x.m && x.a_scale_ld % 4 == 0, "sm90 FP8 GEMM: a_scale_ld must be >= M and a ",
+                "multiple of 4 (16-byte rows for TMA), got a_scale_ld=", x.a_scale_ld, " for M=", x.m);
+  const std::string why = why_illegal(cfg, p);
+  FP8PROJ_CHECK(why.empty(), "sm90 FP8 GEMM: config ", cfg.name(), " cannot run M=", x.m, " N=", x.n, " K=", x.k,
+                ": ", why);
+  const size_t need = workspace_bytes(cfg, x.m, x.n, x.k);
+  if (need > 0) {
+    FP8PROJ_CHECK(workspace != nullptr && workspace_size >= need, "sm90 FP8 GEMM: config ", cfg.name(), " needs ",
+                  need, " B of zero-initialised workspace, got ", workspace_size, " B at ", workspace);
+    FP8PROJ_CHECK(aligned16(workspace), "sm90 FP8 GEMM: workspace must be 16-byte aligned, got ", workspace);
+  }
+  check_device_is_sm90();
+
+  using namespace kernels;
+  using K = KernelKind;
+  // The explicit instantiations: exactly kernel_family() (heuristic .cpp).
+  if (same_kernel(cfg, {K::kGemm1d2d, 128, 128, 2, 5}))
+    return launch_1d2d<Gemm1d2dTraits<128, 128, 2, 5>>(x, cfg, num_sms, stream);
+  if (same_kernel(cfg, {K::kGemm1d2d, 128, 192, 2, 4}))
+    return launch_1d2d<Gemm1d2dTraits<128, 192, 2, 4>>(x, cfg, num_sms, stream);
+  if (same_kernel(cfg, {K::kGemm1d2d, 256, 128, 2, 3}))
+    return launch_1d2d<Gemm1d2dTraits<256, 128, 2, 3>>(x, cfg, num_sms, stream);
+  if (same_kernel(cfg, {K::kGemm1d2d, 64, 128, 1, 8}))
+    return launch_1d2d<Gemm1d2dTraits<64, 128, 1, 8>>(x, cfg, num_sms, stream);
+  if (same_kernel(cfg, {K::kGemm1d2d, 128, 96, 2, 7}))
+    return launch_1d2d<Gemm1d2dTraits<128, 96, 2, 7>>(x, cfg, num_sms, stream);
+  if (same_kernel(cfg, {K::kGemm1d2d, 128, 112, 2, 6}))
+    return launch_1d2d<Gemm1d2dTraits<128, 112, 2, 6>>(x, cfg, num_sms, stream);
+  if (same_kernel(cfg, {K::kGemm1d2d, 128, 160, 2, 5}))
+    return launch_1d2d<Gemm1d2dTraits<128, 160, 2, 5>>(x, cfg, num_sms, stream);
+  if (same_kernel(cfg, {K::kGemm1d2d, 128, 128, 2, 5, 1, 2}))
+    return launch_1d2d<Gemm1d2dTraits<128, 128, 2, 5, 2>>(x, cfg, num_sms, stream);
+  if (same_kernel(cfg, {K::kGemm1d2d, 256, 128, 2, 3, 1, 2}))
+    return launch_1d2d<Gemm1d2dTraits<256, 128, 2, 3, 2>>(x, cfg, num_sms, stream);
+  if (same_kernel(cfg, {K::kGemm1d2d, 128, 192, 2, 4, 1, 2}))
+    return launch_1d2d<Gemm1d2dTraits<128, 192, 2, 4, 2>>(x, cfg, num_sms, stream);
+  if (same_kernel(cfg, {K::kGemm1d2d, 128, 160, 2, 5, 1, 2}))
+    return launch_1d2d<Gemm1d2dTraits<128, 160, 2, 5, 2>>(x, cfg, num_sms, stream);
+  if (same_kernel(cfg, {K::kSwapAB, 16, 128, 2, 11}))
+    return launch_swapab<SwapABTraits<16, 11>>(x, cfg, workspace, num_sms, stream);
+  if (same_kernel(cfg, {K::kSwapAB, 32, 128, 2, 10}))
+    return launch_swapab<SwapABTraits<32, 10>>(x, cfg, workspace, num_sms, stream);
+  if (same_kernel(cfg, {K::kSwapAB, 64, 128, 2, 8}))
+    return launch_swapab<SwapABTraits<64, 8>>(x, cfg, workspace, num_sms, stream);
+  if (same_kernel(cfg, {K::kSwapAB, 128, 128, 2, 5}))
+    return launch_swapab<SwapABTraits<128, 5>>(x, cfg, workspace, num_sms, stream);
+  FP8PROJ_FAIL("sm90 FP8 GEMM: config ", cfg.name(), " is in kernel_family() but has no launcher in ",
+               "sm90_fp8_gemm.cu (add its instantiation)");
+}
+
+}  // namespace fp8proj::sm90

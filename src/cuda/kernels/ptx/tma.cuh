@@ -1,0 +1,63 @@
+// TMA (cp.async.bulk.tensor, PTX ISA 9.7.9.25) wrappers: 2D tile loads into shared memory
+// completing on an mbarrier, 2D tile stores from shared memory in bulk groups, and the
+// descriptor prefetch. Coordinates are element indices, innermost dimension first.
+//
+// Numbers that matter (CUDA driver API, cuTensorMapEncodeTiled):
+//   - box dimensions <= 256 elements each; inner box bytes a multiple of 16;
+//   - with 128B swizzle the inner box is <= 128 bytes, and the shared destination must be
+//     1024-byte aligned (the swizzle pattern repeats every 8 rows x 128 B);
+//   - out-of-bounds elements of a load are zero-filled (OOB fill NONE) and still count
+//     toward the transaction bytes; out-of-bounds elements of a store are not written.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "cuda/kernels/ptx/mbarrier.cuh"
+
+namespace fp8proj::sm90::ptx {
+
+// Pulls the 128-byte descriptor into the constant/descriptor cache before the first copy
+// (saves one dependent global round trip on the first TMA of each CTA).
+__device__ __forceinline__ void prefetch_tensormap(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+
+__device__ __forceinline__ void tma_load_2d(void* smem_dst, const CUtensorMap* map, uint64_t* bar,
+                                            int32_t c0, int32_t c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4}], [%2];" ::"r"(smem_addr(smem_dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(c0), "r"(c1)
+      : "memory");
+}
+
+__device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, const void* smem_src,
+                                             int32_t c0, int32_t c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group [%0, {%2, %3}], [%1];" ::"l"(
+          reinterpret_cast<uint64_t>(map)),
+      "r"(smem_addr(smem_src)), "r"(c0), "r"(c1)
+      : "memory");
+}
+
+__device__ __forceinline__ void bulk_commit_group() {
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+
+// Waits until at most N committed store groups are still reading shared memory: enough to
+// overwrite the staging tile (the global writes may still be in flight).
+template <int N>
+__device__ __forceinline__ void bulk_wait_group_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
+}
+
+// Waits until at most N committed store groups are incomplete (global writes done). Used
+// once before the CTA exits.
+template <int N>
+__device__ __forceinline__ void bulk_wait_group() {
+  asm volatile("cp.async.bulk.wait_group %0;" ::"n"(N) : "memory");
+}
+
+}  // namespace fp8proj::sm90::ptx

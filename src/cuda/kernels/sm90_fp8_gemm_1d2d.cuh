@@ -1,0 +1,371 @@
+// sm90_fp8_gemm_1d2d: Hopper FP8 GEMM with 1x128 activation scales and 128x128 weight
+// scales ("1D2D"), bf16 output, fp32 two-level accumulation.
+//
+//   D[M,N] (bf16, row-major, ld N) = sum_kb sa[kb][m] * sb[n/128][kb] * (A[m, kb] . B[n, kb])
+//   A  [M,K] e4m3 row-major          shape (M,K):(K,1)
+//   sa [K/128, lda_s] fp32 MN-major  shape (M,K/128):(1,lda_s), lda_s = round_up(M,4)
+//   B  [N,K] e4m3 row-major          shape (N,K):(K,1)
+//   sb [N/128, K/128] fp32           shape (N/128,K/128):(K/128,1)
+// e.g. M=4096, N=6144, K=2048: sa has 16 rows of 4096 floats, sb is 48 x 16.
+//
+// Design (one CTA per SM, persistent, 128 * (kMathWGs + 1) threads):
+//   warpgroup kMathWGs (last): producer. One thread issues, per 128-wide K block, three TMA
+//     loads into stage s: A tile [BLOCK_M x 128 B] and B tile [BLOCK_N x 128 B], both
+//     128B-swizzled (one K block = one swizzle row), and the A scales [BLOCK_M floats]
+//     (box {BLOCK_M, 1} of the MN-major scale tensor). setmaxnreg: 40 registers.
+//   warpgroups 0..kMathWGs-1: consumers (setmaxnreg 232). Warpgroup g owns rows
+//     [w * 64 * kMathWGs + 64 g, +64) of wave w (kWaves = BLOCK_M / (64 kMathWGs)).
+//     Per K block and wave: 4 x wgmma m64nBLOCK_Nk32 into a fresh partial (the first with
+//     scale-d = 0), commit, wait, release the stage (after the last wave), then on the CUDA
+//     cores acc += (sa[row] * sb) * partial. The FP8 tensor-core accumulator keeps ~14 bits
+//     (DeepSeek-V3 report); promoting every 128 of K bounds that error. Two consumer
+//     warpgroups alternate on the tensor cores, hiding each other's wait + promotion.
+//   B scales of the tile's 128-column scale block(s) for all of K are copied to shared
+//     memory once per tile (K/128 floats, x2 when BLOCK_N straddles two scale blocks). They
+//     are fetched into registers one tile ahead (kSfbPrefetch per consumer thread), so the
+//     ~0.5-1 us L2/DRAM round trip overlaps the previous tile's main loop instead of
+//     stalling both warpgroups at every tile start.
+//   kCluster = 2: CTA pairs (one cluster) take tiles (2j, n) and (2j + 1, n), which share
+//     the B tile. Each producer loads its own A tile and half of B, multicast to both CTAs:
+//     L2->SM traffic per CTA and K block drops from A + B to A + B/2 (128x128: 32 -> 24 KB,
+//     the L2 bandwidth that caps 128-row tiles at large M). See ptx/cluster.cuh. With an odd
+//     number of M blocks the last pair's second tile lies past M: it loads zeros (TMA
+//     zero-fill) to keep the pair's pipelines in step and stores nothing.
+//   Epilogue: fp32 -> bf16 (RNE), stmatrix into a swizzled staging tile, TMA store in
+//     slabs of kDSwizzle bytes of columns. TMA clips rows >= M and columns >= N, and its
+//     loads zero-fill them (A rows, A scales, B rows), so tails need no code.
+//   Pipeline: kStages full/empty mbarrier pairs; see ptx/mbarrier.cuh for the protocol.
+//   Deterministic: every output element is produced by one CTA, in a fixed K order.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "cuda/kernels/ptx/cluster.cuh"
+#include "cuda/kernels/ptx/fence.cuh"
+#include "cuda/kernels/ptx/mbarrier.cuh"
+#include "cuda/kernels/ptx/setmaxnreg.cuh"
+#include "cuda/kernels/ptx/stmatrix.cuh"
+#include "cuda/kernels/ptx/tma.cuh"
+#include "cuda/kernels/ptx/wgmma.cuh"
+#include "cuda/kernels/scheduler/sm90_tile_scheduler.cuh"
+#include "cuda/kernels/sm90_fp8_common.cuh"
+
+namespace fp8proj::sm90::kernels {
+
+template <int BLOCK_M_, int BLOCK_N_, int kMathWGs_, int kStages_, int kCluster_ = 1>
+struct Gemm1d2dTraits {
+  static constexpr int BLOCK_M = BLOCK_M_;
+  static constexpr int BLOCK_N = BLOCK_N_;
+  static constexpr int kMathWGs = kMathWGs_;
+  static constexpr int kStages = kStages_;
+  static constexpr int kCluster = kCluster_;    // CTAs sharing (multicasting) the B tile
+  static constexpr int kBRowsPerCta = BLOCK_N / kCluster;  // B rows each producer loads
+  static constexpr int kSfbPrefetch = 2;        // B scales per consumer thread fetched a tile ahead
+
+  static constexpr int kMathThreads = 128 * kMathWGs;
+  static constexpr int kThreads = kMathThreads + 128;
+  static constexpr int kWaveM = 64 * kMathWGs;  // rows all consumer warpgroups cover per wave
+  static constexpr int kWaves = BLOCK_M / kWaveM;
+  static constexpr int kAcc = BLOCK_N / 2;  // fp32 accumulators per thread for m64nBLOCK_N
+  static constexpr bool kStraddle = 128 % BLOCK_N != 0;
+  static constexpr int kSfbRows = kStraddle ? 2 : 1;
+
+  // Output staging: slabs of kDSwizzle bytes (= kDSwizzle/2 bf16 columns) x BLOCK_M rows.
+  static constexpr int kDSwizzle = BLOCK_N % 64 == 0 ? 128 : (BLOCK_N % 32 == 0 ? 64 : 32);
+  static constexpr int kDSlabCols = kDSwizzle / 2;
+  static constexpr int kDSlabs = BLOCK_N / kDSlabCols;
+
+  // Shared memory: D staging | A stages | B stages | A-scale stages | barriers | B scales.
+  static constexpr uint32_t kSmemD = (BLOCK_M * BLOCK_N * 2 + 1023) / 1024 * 1024;
+  static constexpr uint32_t kSmemA = BLOCK_M * 128;
+  static constexpr uint32_t kSmemB = BLOCK_N * 128;
+  static constexpr uint32_t kSmemSfa = (BLOCK_M * 4 + 127) / 128 * 128;
+  static constexpr uint32_t kOffA = kSmemD;
+  static constexpr uint32_t kOffB = kOffA + kStages * kSmemA;
+  static constexpr uint32_t kOffSfa = kOffB + kStages * kSmemB;
+  static constexpr uint32_t kOffBar = kOffSfa + kStages * kSmemSfa;
+  static constexpr uint32_t kOffSfb = kOffBar + 256;
+  static constexpr uint32_t kSmemFixed = kOffSfb;
+  // Transaction bytes per stage: both tiles plus the A-scale box, out-of-bounds included.
+  static constexpr uint32_t kTxBytes = kSmemA + kSmemB + BLOCK_M * 4;
+
+  static constexpr uint32_t kProducerRegs = 40;
+  static constexpr uint32_t kMathRegs = 232;
+
+  static_assert(kMathWGs == 1 || kMathWGs == 2, "one or two consumer warpgroups");
+  static_assert(kCluster == 1 || kCluster == 2, "clusters of 1 or 2 CTAs along M");
+  static_assert(kBRowsPerCta * 128 % 1024 == 0,
+                "each multicast half of the B tile must start on a 1024-byte swizzle atom");
+  static_assert(BLOCK_M % kWaveM == 0, "BLOCK_M must be a multiple of 64 rows per consumer warpgroup");
+  static_assert(BLOCK_M <= 256 && BLOCK_N <= 256, "TMA boxes are at most 256 rows");
+  static_assert(BLOCK_N % 16 == 0, "stmatrix writes 8-column chunks in pairs of rows; WGMMA N % 8");
+  static_assert(!kStraddle || BLOCK_N <= 128 + gcd_int(BLOCK_N, 128),
+                "a tile may touch at most two 128-column B-scale blocks");
+  static_assert(kOffA % 1024 == 0 && kSmemA % 1024 == 0 && kSmemB % 1024 == 0,
+                "128B-swizzled tiles must start on 1024-byte boundaries");
+  static_assert(2 * kStages * 8 <= 256, "barrier region holds 2 x kStages mbarriers");
+  static_assert(kProducerRegs * 128 + kMathRegs * kMathThreads <= 65536, "register file: 64K per SM");
+};
+
+template <class T>
+__global__ void __launch_bounds__(T::kThreads, 1)
+    sm90_fp8_gemm_1d2d_kernel(const __grid_constant__ CUtensorMap tmap_a,
+                              const __grid_constant__ CUtensorMap tmap_sfa,
+                              const __grid_constant__ CUtensorMap tmap_b,
+                              const __grid_constant__ CUtensorMap tmap_d,
+                              const float* __restrict__ b_scales, uint32_t m, uint32_t n, uint32_t k,
+                              uint32_t group_m) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int BLOCK_M = T::BLOCK_M;
+  constexpr int BLOCK_N = T::BLOCK_N;
+  constexpr int kStages = T::kStages;
+  constexpr int kAcc = T::kAcc;
+
+  extern __shared__ __align__(1024) uint8_t smem[];
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + T::kOffBar);
+  uint64_t* empty = full + kStages;
+  float* sfb = reinterpret_cast<float*>(smem + T::kOffSfb);
+
+  const uint32_t warp = __shfl_sync(0xffffffffu, threadIdx.x / 32, 0);  // warp-uniform
+  const uint32_t lane = threadIdx.x % 32;
+  const uint32_t num_kb = k / 128;
+
+  if (threadIdx.x == T::kMathThreads) {
+    // The swizzle patterns are functions of the shared address: the base must be aligned.
+    if (ptx::smem_addr(smem) % 1024 != 0) __trap();
+    ptx::prefetch_tensormap(&tmap_a);
+    ptx::prefetch_tensormap(&tmap_sfa);
+    ptx::prefetch_tensormap(&tmap_b);
+    ptx::prefetch_tensormap(&tmap_d);
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) {
+      ptx::mbarrier_init(full + s, 1);
+      // Lane 0 of every consumer warp, of every CTA the stage's B tile is multicast to.
+      ptx::mbarrier_init(empty + s, T::kMathWGs * 4 * T::kCluster);
+    }
+    ptx::mbarrier_init_fence();
+  }
+  if constexpr (T::kCluster > 1)
+    ptx::cluster_sync();  // the peer's barriers are initialised before any multicast or remote arrive
+  else
+    __syncthreads();
+
+  // With clusters the scheduler walks pairs of M blocks: unit (m_pair, n_block) -> this CTA
+  // computes M block kCluster * m_pair + rank.
+  const GroupedTileScheduler sched(m, n, BLOCK_M * T::kCluster, BLOCK_N, group_m);
+  const uint32_t rank = T::kCluster > 1 ? ptx::cluster_cta_rank() : 0;
+  const uint32_t first_unit = blockIdx.x / T::kCluster;
+  const uint32_t unit_stride = gridDim.x / T::kCluster;
+  uint32_t stage = 0, phase = 0;
+
+  if (warp >= T::kMathWGs * 4) {
+    // ---------------- producer warpgroup ----------------
+    ptx::setmaxnreg_dec<T::kProducerRegs>();
+    if (threadIdx.x == T::kMathThreads) {
+      for (uint32_t tile = first_unit; tile < sched.num_tiles; tile += unit_stride) {
+        uint32_t m_pair, n_block;
+        sched.decode(tile, m_pair, n_block);
+        const int32_t m0 = static_cast<int32_t>((m_pair * T::kCluster + rank) * BLOCK_M);
+        const int32_t n0 = static_cast<int32_t>(n_block * BLOCK_N);
+#pragma unroll 1
+        for (uint32_t kb = 0; kb < num_kb; ++kb) {
+          ptx::mbarrier_wait(empty + stage, phase ^ 1);
+          ptx::mbarrier_arrive_expect_tx(full + stage, T::kTxBytes);
+          const int32_t k0 = static_cast<int32_t>(kb * 128);
+          ptx::tma_load_2d(smem + T::kOffA + stage * T::kSmemA, &tmap_a, full + stage, k0, m0);
+          ptx::tma_load_2d(smem + T::kOffSfa + stage * T::kSmemSfa, &tmap_sfa, full + stage, m0,
+                           static_cast<int32_t>(kb));
+          if constexpr (T::kCluster > 1) {
+            const uint32_t half = rank * T::kBRowsPerCta;  // this CTA's rows of the shared B tile
+            ptx::tma_load_2d_multicast(smem + T::kOffB + stage * T::kSmemB + half * 128, &tmap_b, full + stage, k0,
+                                       n0 + static_cast<int32_t>(half), (1u << T::kCluster) - 1);
+          } else {
+            ptx::tma_load_2d(smem + T::kOffB + stage * T::kSmemB, &tmap_b, full + stage, k0, n0);
+          }
+          if (++stage == kStages) {
+            stage = 0;
+            phase ^= 1;
+          }
+        }
+      }
+    }
+  } else {
+    // ---------------- consumer warpgroups ----------------
+    ptx::setmaxnreg_inc<T::kMathRegs>();
+    const uint32_t wg = warp / 4;
+    const uint32_t warp_in_wg = warp % 4;
+    const uint32_t row_in_wg = warp_in_wg * 16 + lane / 4;  // accumulator row (h = 0); h = 1 adds 8
+    const uint32_t smem_base = ptx::smem_addr(smem);
+    const uint32_t scale_blocks_n = n / 128;
+
+    // B scales of a tile for every K block: entry i < num_kb is (scale block n0/128, K block
+    // i), entry num_kb + i the next scale block (clamped inside N: a tail tile's columns past
+    // N are never stored). Entries i = threadIdx.x + j * kMathThreads, j < kSfbPrefetch, are
+    // fetched into registers one tile ahead; any beyond (K > 128 * kMathThreads *
+    // kSfbPrefetch / kSfbRows, i.e. K > 32768 for 128x192) are read when the tile starts.
+    const uint32_t sfb_count = num_kb * T::kSfbRows;
+    auto sfb_entry = [&](uint32_t n0, uint32_t i) {
+      const uint32_t sb_row0 = n0 / 128;
+      const uint32_t row = i < num_kb ? sb_row0 : min(sb_row0 + 1, scale_blocks_n - 1);
+      const uint32_t kb = i < num_kb ? i : i - num_kb;
+      return __ldg(b_scales + static_cast<size_t>(row) * num_kb + kb);
+    };
+    auto n0_of = [&](uint32_t unit) {
+      uint32_t mp, nb;
+      sched.decode(unit, mp, nb);
+      return nb * BLOCK_N;
+    };
+    float sfb_next[T::kSfbPrefetch];
+    if (first_unit < sched.num_tiles) {
+      const uint32_t n0 = n0_of(first_unit);
+#pragma unroll
+      for (int j = 0; j < T::kSfbPrefetch; ++j) {
+        const uint32_t i = threadIdx.x + j * T::kMathThreads;
+        sfb_next[j] = i < sfb_count ? sfb_entry(n0, i) : 0.0f;
+      }
+    }
+
+    for (uint32_t tile = first_unit; tile < sched.num_tiles; tile += unit_stride) {
+      uint32_t m_pair, n_block;
+      sched.decode(tile, m_pair, n_block);
+      const uint32_t m_block = m_pair * T::kCluster + rank;
+      const uint32_t n0 = n_block * BLOCK_N;
+
+      // The previous tile's main loop has finished reading sfb (epilogue barriers).
+#pragma unroll
+      for (int j = 0; j < T::kSfbPrefetch; ++j) {
+        const uint32_t i = threadIdx.x + j * T::kMathThreads;
+        if (i < sfb_count) sfb[i] = sfb_next[j];
+      }
+      for (uint32_t i = threadIdx.x + T::kSfbPrefetch * T::kMathThreads; i < sfb_count; i += T::kMathThreads)
+        sfb[i] = sfb_entry(n0, i);
+      ptx::named_barrier_sync(1, T::kMathThreads);
+      // Fetch the next tile's B scales now; they are first needed after this main loop.
+      if (tile + unit_stride < sched.num_tiles) {
+        const uint32_t next_n0 = n0_of(tile + unit_stride);
+#pragma unroll
+        for (int j = 0; j < T::kSfbPrefetch; ++j) {
+          const uint32_t i = threadIdx.x + j * T::kMathThreads;
+          if (i < sfb_count) sfb_next[j] = sfb_entry(next_n0, i);
+        }
+      }
+
+      float acc[T::kWaves][kAcc];
+#pragma unroll
+      for (int w = 0; w < T::kWaves; ++w)
+#pragma unroll
+        for (int i = 0; i < kAcc; ++i) acc[w][i] = 0.0f;
+
+      // kOffset = n0 % 128 as a constant; columns c of the tile with kOffset + c >= 128 use
+      // the second scale block.
+      auto main_loop = [&](auto offset_c) {
+        constexpr int kBoundary = 128 - decltype(offset_c)::value;
+#pragma unroll 1
+        for (uint32_t kb = 0; kb < num_kb; ++kb) {
+          const float sb0 = sfb[kb];
+          const float sb1 = T::kStraddle ? sfb[num_kb + kb] : sb0;
+          ptx::mbarrier_wait(full + stage, phase);
+
+          const uint64_t desc_a = ptx::make_smem_desc_sw128(smem_base + T::kOffA + stage * T::kSmemA);
+          const uint64_t desc_b = ptx::make_smem_desc_sw128(smem_base + T::kOffB + stage * T::kSmemB);
+          const float* sfa = reinterpret_cast<const float*>(smem + T::kOffSfa + stage * T::kSmemSfa);
+#pragma unroll
+          for (int w = 0; w < T::kWaves; ++w) {
+            const uint32_t row0 = w * T::kWaveM + wg * 64;
+            // Scales are read before the stage is released (the producer refills it).
+            const float sa0 = sfa[row0 + row_in_wg];
+            const float sa1 = sfa[row0 + row_in_wg + 8];
+
+            float part[kAcc];
+            ptx::fence_operands(part);
+            ptx::wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk) {
+              // Descriptor start address is in 16-byte units: row0 rows of 128 B, kk x 32 B.
+              ptx::WgmmaFp8<BLOCK_N>::mma(desc_a + ((row0 * 128 + kk * 32) >> 4), desc_b + ((kk * 32) >> 4),
+                                          part, kk > 0);
+            }
+            ptx::wgmma_commit_group();
+            ptx::fence_operands(part);
+            ptx::wgmma_wait_group<0>();
+            ptx::fence_operands(part);
+            if (w == T::kWaves - 1 && lane == 0) {
+              if constexpr (T::kCluster > 1) {
+#pragma unroll
+                for (uint32_t c = 0; c < T::kCluster; ++c) ptx::mbarrier_arrive_cluster(empty + stage, c);
+              } else {
+                ptx::mbarrier_arrive(empty + stage);
+              }
+            }
+
+            const float s00 = sa0 * sb0, s10 = sa1 * sb0;
+            const float s01 = sa0 * sb1, s11 = sa1 * sb1;
+#pragma unroll
+            for (int i = 0; i < kAcc / 4; ++i) {
+              const bool second = i * 8 >= kBoundary;  // compile-time after unrolling
+              const float r0 = second ? s01 : s00;
+              const float r1 = second ? s11 : s10;
+              acc[w][4 * i + 0] = fmaf(r0, part[4 * i + 0], acc[w][4 * i + 0]);
+              acc[w][4 * i + 1] = fmaf(r0, part[4 * i + 1], acc[w][4 * i + 1]);
+              acc[w][4 * i + 2] = fmaf(r1, part[4 * i + 2], acc[w][4 * i + 2]);
+              acc[w][4 * i + 3] = fmaf(r1, part[4 * i + 3], acc[w][4 * i + 3]);
+            }
+          }
+          if (++stage == kStages) {
+            stage = 0;
+            phase ^= 1;
+          }
+        }
+      };
+      if constexpr (T::kStraddle) {
+        constexpr int kStep = gcd_int(BLOCK_N, 128);
+        dispatch_scale_offset<0, kStep>(n0 % 128, main_loop);
+      } else {
+        main_loop(std::integral_constant<int, 0>{});  // boundary 128 >= BLOCK_N: one scale
+      }
+
+      // ---- epilogue: registers -> bf16 -> swizzled staging tile -> TMA store ----
+      if (threadIdx.x == 0) ptx::bulk_wait_group_read<0>();  // previous tile's store has read smem
+      ptx::named_barrier_sync(1, T::kMathThreads);
+#pragma unroll
+      for (int w = 0; w < T::kWaves; ++w) {
+        // stmatrix .x2: lane l < 16 addresses row (l % 8) of matrix l / 8, i.e. tile row
+        // 16 * warp + l of this wave (matrix 1 holds the h = 1 rows, 8 further down).
+        const uint32_t row = w * T::kWaveM + wg * 64 + warp_in_wg * 16 + (lane % 16);
+#pragma unroll
+        for (int i = 0; i < kAcc / 4; ++i) {
+          constexpr int kChunksPerSlab = T::kDSwizzle / 16;
+          const uint32_t slab = i / kChunksPerSlab;
+          const uint32_t chunk = i % kChunksPerSlab;
+          const uint32_t off = swizzle_offset<T::kDSwizzle>(row * T::kDSwizzle + chunk * 16);
+          ptx::stmatrix_x2(smem_base + slab * (BLOCK_M * T::kDSwizzle) + off,
+                           ptx::pack_bf16x2(acc[w][4 * i + 0], acc[w][4 * i + 1]),
+                           ptx::pack_bf16x2(acc[w][4 * i + 2], acc[w][4 * i + 3]));
+        }
+      }
+      ptx::fence_proxy_async_shared();
+      ptx::named_barrier_sync(1, T::kMathThreads);
+      if (threadIdx.x == 0 && m_block * BLOCK_M < m) {  // a cluster's spare tile past M stores nothing
+#pragma unroll
+        for (int slab = 0; slab < T::kDSlabs; ++slab) {
+          const uint32_t col = n0 + slab * T::kDSlabCols;
+          if (col < n)
+            ptx::tma_store_2d(&tmap_d, smem + slab * (BLOCK_M * T::kDSwizzle), static_cast<int32_t>(col),
+                              static_cast<int32_t>(m_block * BLOCK_M));
+        }
+        ptx::bulk_commit_group();
+      }
+    }
+    if (threadIdx.x == 0) ptx::bulk_wait_group<0>();
+  }
+  // No CTA may leave while its peer can still multicast into its shared memory or arrive on
+  // its barriers: every thread of both CTAs meets here.
+  if constexpr (T::kCluster > 1) ptx::cluster_sync();
+#elif defined(__CUDA_ARCH__)
+  __trap();  // built for a target without wgmma/setmaxnreg: fail loudly, never return garbage
+#endif
+}
+
+}  // namespace fp8proj::sm90::kernels

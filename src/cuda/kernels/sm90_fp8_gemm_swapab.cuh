@@ -1,0 +1,276 @@
+// sm90_fp8_gemm_swapab: the same block-scaled FP8 GEMM as sm90_fp8_gemm_1d2d.cuh, for
+// small M (decode, M <= ~256), computed transposed: D^T[N,M] = B[N,K] . A[M,K]^T.
+//
+// Why: WGMMA's M operand is always 64 rows. With M = 16 tokens on that side, 3/4 of the
+// tensor-core work is padding and each CTA needs a 64-row A tile. Swapped, the weight fills
+// the 64-row side (two consumer warpgroups x 64 = one 128-row scale block per tile) and the
+// tokens are the WGMMA N (BLOCK_TOK = 16/32/64/128). The job at small M is streaming the
+// weight once at HBM speed (~4.3 TB/s on H200: N=4096, K=2048 is 8 MB = ~2 us), so:
+//   - deep pipelines (8-11 stages of 18-33 KB in flight per SM) and
+//   - split-K when there are fewer tiles than SMs (N=4096 gives 32 weight tiles for 132
+//     SMs): unit = (weight tile, K range, token tile); see SplitKUnitScheduler.
+//
+// Layouts as in sm90_fp8_gemm_1d2d.cuh:
+//   A [M,K] e4m3 (K,1); sa [K/128][lda_s] fp32 (1,lda_s); B [N,K] e4m3 (K,1);
+//   sb [N/128][K/128] fp32 (K/128,1); D [M,N] bf16 (N,1).
+// Per K block kb, warpgroup g computes P = B[n0+64g .. +64, kb] . A[m0 .. m0+TOK, kb]^T
+// (4 x wgmma m64nTOKk32, fresh accumulator) and promotes
+//   acc[n][m] += (sa[kb][m] * sb[n0/128][kb]) * P[n][m]
+// (the weight tile is one scale block, so sb is one value per K block and tile).
+//
+// Split-K (S > 1), deterministic: every unit writes its fp32 partial tile to the workspace in
+// the accumulator's own register layout (float4 j of thread t at [j][t]: coalesced), then
+// one thread bumps the tile's counter. The CTA that brings it to S sums the S partials in
+// split order 0..S-1 (independent of which CTA finished last), resets the counter to 0 for
+// the next launch, and runs the epilogue. No atomics touch the output.
+// Workspace: [tiles] uint32 counters (256-byte aligned, zero before the first launch; the
+// kernel leaves them zero) then [tiles][S][TOK * 128] fp32 partials.
+//
+// Epilogue: bf16 pack, stmatrix .trans (the accumulator holds D^T; .trans writes D rows),
+// 128B-swizzled staging [TOK rows x 2 slabs of 64 columns], TMA store clipping rows >= M.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "cuda/kernels/ptx/fence.cuh"
+#include "cuda/kernels/ptx/mbarrier.cuh"
+#include "cuda/kernels/ptx/setmaxnreg.cuh"
+#include "cuda/kernels/ptx/stmatrix.cuh"
+#include "cuda/kernels/ptx/tma.cuh"
+#include "cuda/kernels/ptx/wgmma.cuh"
+#include "cuda/kernels/scheduler/sm90_tile_scheduler.cuh"
+#include "cuda/kernels/sm90_fp8_common.cuh"
+
+namespace fp8proj::sm90::kernels {
+
+template <int BLOCK_TOK_, int kStages_>
+struct SwapABTraits {
+  static constexpr int BLOCK_TOK = BLOCK_TOK_;  // tokens per tile: WGMMA N
+  static constexpr int BLOCK_W = 128;           // weight rows per tile: 2 warpgroups x 64
+  static constexpr int kStages = kStages_;
+  static constexpr int kMathWGs = 2;
+  static constexpr int kMathThreads = 256;
+  static constexpr int kThreads = kMathThreads + 128;
+  static constexpr int kAcc = BLOCK_TOK / 2;
+
+  // Shared memory: D staging | W stages | token stages | A-scale stages | barriers + flag | B scales.
+  static constexpr uint32_t kSmemD = (BLOCK_TOK * BLOCK_W * 2 + 1023) / 1024 * 1024;
+  static constexpr uint32_t kSmemW = BLOCK_W * 128;
+  static constexpr uint32_t kSmemTok = BLOCK_TOK * 128;
+  static constexpr uint32_t kSmemSfa = (BLOCK_TOK * 4 + 127) / 128 * 128;
+  static constexpr uint32_t kOffW = kSmemD;
+  static constexpr uint32_t kOffTok = kOffW + kStages * kSmemW;
+  static constexpr uint32_t kOffSfa = kOffTok + kStages * kSmemTok;
+  static constexpr uint32_t kOffBar = kOffSfa + kStages * kSmemSfa;
+  static constexpr uint32_t kOffFlag = kOffBar + 2 * kStages * 8;  // "last split" broadcast
+  static constexpr uint32_t kOffSfb = kOffBar + 256;
+  static constexpr uint32_t kSmemFixed = kOffSfb;
+  static constexpr uint32_t kTxBytes = kSmemW + kSmemTok + BLOCK_TOK * 4;
+
+  static constexpr uint32_t kProducerRegs = 40;
+  static constexpr uint32_t kMathRegs = 232;
+
+  static_assert(BLOCK_TOK % 16 == 0 && BLOCK_TOK <= 128, "token tile: WGMMA N in {16, 32, 64, 128}");
+  static_assert(kSmemTok % 1024 == 0 && kOffW % 1024 == 0, "128B-swizzled tiles start on 1024-byte boundaries");
+  static_assert(2 * kStages * 8 + 4 <= 256, "barrier region holds 2 x kStages mbarriers and a flag");
+  static_assert(kAcc % 4 == 0, "partials are stored as float4");
+};
+
+template <class T>
+__global__ void __launch_bounds__(T::kThreads, 1)
+    sm90_fp8_gemm_swapab_kernel(const __grid_constant__ CUtensorMap tmap_a,
+                                const __grid_constant__ CUtensorMap tmap_sfa,
+                                const __grid_constant__ CUtensorMap tmap_b,
+                                const __grid_constant__ CUtensorMap tmap_d,
+                                const float* __restrict__ b_scales, uint32_t m, uint32_t n, uint32_t k,
+                                uint32_t split_k, uint32_t* __restrict__ tile_counters,
+                                float* __restrict__ partials) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int BLOCK_TOK = T::BLOCK_TOK;
+  constexpr int BLOCK_W = T::BLOCK_W;
+  constexpr int kStages = T::kStages;
+  constexpr int kAcc = T::kAcc;
+
+  extern __shared__ __align__(1024) uint8_t smem[];
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + T::kOffBar);
+  uint64_t* empty = full + kStages;
+  volatile uint32_t* last_flag = reinterpret_cast<volatile uint32_t*>(smem + T::kOffFlag);
+  float* sfb = reinterpret_cast<float*>(smem + T::kOffSfb);
+
+  const uint32_t warp = __shfl_sync(0xffffffffu, threadIdx.x / 32, 0);
+  const uint32_t lane = threadIdx.x % 32;
+  const uint32_t num_kb = k / 128;
+
+  if (threadIdx.x == T::kMathThreads) {
+    if (ptx::smem_addr(smem) % 1024 != 0) __trap();
+    ptx::prefetch_tensormap(&tmap_a);
+    ptx::prefetch_tensormap(&tmap_sfa);
+    ptx::prefetch_tensormap(&tmap_b);
+    ptx::prefetch_tensormap(&tmap_d);
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) {
+      ptx::mbarrier_init(full + s, 1);
+      ptx::mbarrier_init(empty + s, T::kMathWGs * 4);
+    }
+    ptx::mbarrier_init_fence();
+  }
+  __syncthreads();
+
+  const SplitKUnitScheduler sched(m, n, k, BLOCK_TOK, BLOCK_W, split_k);
+  uint32_t stage = 0, phase = 0;
+
+  if (warp >= T::kMathWGs * 4) {
+    // ---------------- producer warpgroup ----------------
+    ptx::setmaxnreg_dec<T::kProducerRegs>();
+    if (threadIdx.x == T::kMathThreads) {
+      for (uint32_t unit = blockIdx.x; unit < sched.num_units; unit += gridDim.x) {
+        uint32_t m_tile, n_tile, split, kb_begin, kb_end;
+        sched.decode(unit, m_tile, n_tile, split, kb_begin, kb_end);
+        const int32_t m0 = static_cast<int32_t>(m_tile * BLOCK_TOK);
+        const int32_t n0 = static_cast<int32_t>(n_tile * BLOCK_W);
+#pragma unroll 1
+        for (uint32_t kb = kb_begin; kb < kb_end; ++kb) {
+          ptx::mbarrier_wait(empty + stage, phase ^ 1);
+          ptx::mbarrier_arrive_expect_tx(full + stage, T::kTxBytes);
+          const int32_t k0 = static_cast<int32_t>(kb * 128);
+          ptx::tma_load_2d(smem + T::kOffW + stage * T::kSmemW, &tmap_b, full + stage, k0, n0);
+          ptx::tma_load_2d(smem + T::kOffTok + stage * T::kSmemTok, &tmap_a, full + stage, k0, m0);
+          ptx::tma_load_2d(smem + T::kOffSfa + stage * T::kSmemSfa, &tmap_sfa, full + stage, m0,
+                           static_cast<int32_t>(kb));
+          if (++stage == kStages) {
+            stage = 0;
+            phase ^= 1;
+          }
+        }
+      }
+    }
+  } else {
+    // ---------------- consumer warpgroups ----------------
+    ptx::setmaxnreg_inc<T::kMathRegs>();
+    const uint32_t tid = threadIdx.x;  // 0..255
+    const uint32_t wg = warp / 4;
+    const uint32_t warp_in_wg = warp % 4;
+    const uint32_t smem_base = ptx::smem_addr(smem);
+    // Accumulator columns (tokens) of this thread: 8i + 2(lane % 4) + {0, 1}.
+    const uint32_t tok_pair = 2 * (lane % 4);
+
+    for (uint32_t unit = blockIdx.x; unit < sched.num_units; unit += gridDim.x) {
+      uint32_t m_tile, n_tile, split, kb_begin, kb_end;
+      sched.decode(unit, m_tile, n_tile, split, kb_begin, kb_end);
+
+      // B scales of this weight tile (one 128-row scale block) for the unit's K range.
+      for (uint32_t i = tid; i < kb_end - kb_begin; i += T::kMathThreads)
+        sfb[i] = __ldg(b_scales + static_cast<size_t>(n_tile) * num_kb + kb_begin + i);
+      ptx::named_barrier_sync(1, T::kMathThreads);
+
+      float acc[kAcc];
+#pragma unroll
+      for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
+
+#pragma unroll 1
+      for (uint32_t kb = kb_begin; kb < kb_end; ++kb) {
+        const float sb = sfb[kb - kb_begin];
+        ptx::mbarrier_wait(full + stage, phase);
+
+        const float* sfa = reinterpret_cast<const float*>(smem + T::kOffSfa + stage * T::kSmemSfa);
+        float2 sa[kAcc / 4];
+#pragma unroll
+        for (int i = 0; i < kAcc / 4; ++i) sa[i] = *reinterpret_cast<const float2*>(sfa + 8 * i + tok_pair);
+
+        const uint64_t desc_w =
+            ptx::make_smem_desc_sw128(smem_base + T::kOffW + stage * T::kSmemW + wg * 64 * 128);
+        const uint64_t desc_tok = ptx::make_smem_desc_sw128(smem_base + T::kOffTok + stage * T::kSmemTok);
+        float part[kAcc];
+        ptx::fence_operands(part);
+        ptx::wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+          ptx::WgmmaFp8<BLOCK_TOK>::mma(desc_w + ((kk * 32) >> 4), desc_tok + ((kk * 32) >> 4), part, kk > 0);
+        ptx::wgmma_commit_group();
+        ptx::fence_operands(part);
+        ptx::wgmma_wait_group<0>();
+        ptx::fence_operands(part);
+        if (lane == 0) ptx::mbarrier_arrive(empty + stage);
+
+#pragma unroll
+        for (int i = 0; i < kAcc / 4; ++i) {
+          const float s0 = sa[i].x * sb, s1 = sa[i].y * sb;
+          acc[4 * i + 0] = fmaf(s0, part[4 * i + 0], acc[4 * i + 0]);
+          acc[4 * i + 1] = fmaf(s1, part[4 * i + 1], acc[4 * i + 1]);
+          acc[4 * i + 2] = fmaf(s0, part[4 * i + 2], acc[4 * i + 2]);
+          acc[4 * i + 3] = fmaf(s1, part[4 * i + 3], acc[4 * i + 3]);
+        }
+        if (++stage == kStages) {
+          stage = 0;
+          phase ^= 1;
+        }
+      }
+
+      // ---- split-K: publish the partial; only the last split of the tile goes on ----
+      if (split_k > 1) {
+        const uint32_t tile = n_tile * sched.m_tiles + m_tile;
+        constexpr uint32_t kPartialFloats = BLOCK_W * BLOCK_TOK;  // = kMathThreads * kAcc
+        float4* mine = reinterpret_cast<float4*>(partials + (static_cast<size_t>(tile) * split_k + split) * kPartialFloats);
+#pragma unroll
+        for (int j = 0; j < kAcc / 4; ++j)
+          __stcg(mine + j * T::kMathThreads + tid,
+                 make_float4(acc[4 * j + 0], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]));
+        __threadfence();  // each thread's partial is visible GPU-wide before the count
+        ptx::named_barrier_sync(1, T::kMathThreads);
+        if (tid == 0) *last_flag = atomicAdd(tile_counters + tile, 1u) == split_k - 1 ? 1u : 0u;
+        ptx::named_barrier_sync(1, T::kMathThreads);
+        if (*last_flag == 0) continue;  // uniform across the consumer threads
+        __threadfence();
+        if (tid == 0) tile_counters[tile] = 0;  // all S arrivals counted: ready for the next launch
+        const float4* all = reinterpret_cast<const float4*>(partials + static_cast<size_t>(tile) * split_k * kPartialFloats);
+#pragma unroll
+        for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
+        for (uint32_t s = 0; s < split_k; ++s) {  // fixed order: deterministic
+#pragma unroll
+          for (int j = 0; j < kAcc / 4; ++j) {
+            const float4 v = __ldcg(all + (static_cast<size_t>(s) * kPartialFloats) / 4 + j * T::kMathThreads + tid);
+            acc[4 * j + 0] += v.x;
+            acc[4 * j + 1] += v.y;
+            acc[4 * j + 2] += v.z;
+            acc[4 * j + 3] += v.w;
+          }
+        }
+      }
+
+      // ---- epilogue: D^T fragments -> stmatrix.trans -> [TOK x 128] bf16 tile -> TMA store ----
+      if (tid == 0) ptx::bulk_wait_group_read<0>();
+      ptx::named_barrier_sync(1, T::kMathThreads);
+      {
+        // Lane l < 16 addresses token row 8i + (l % 8) and the 16-byte chunk of weight rows
+        // [8c, 8c + 8) with c = 8 wg + 2 warp_in_wg + l / 8 (matrix 1 = rows 8 further).
+        const uint32_t chunk = wg * 8 + warp_in_wg * 2 + (lane % 16) / 8;  // 0..15
+        const uint32_t slab = chunk / 8;                                     // 64 columns per slab
+#pragma unroll
+        for (int i = 0; i < kAcc / 4; ++i) {
+          const uint32_t tok = 8 * i + (lane % 8);
+          const uint32_t off = swizzle_offset<128>(tok * 128 + (chunk % 8) * 16);
+          ptx::stmatrix_x2_trans(smem_base + slab * (BLOCK_TOK * 128) + off,
+                                 ptx::pack_bf16x2(acc[4 * i + 0], acc[4 * i + 1]),
+                                 ptx::pack_bf16x2(acc[4 * i + 2], acc[4 * i + 3]));
+        }
+      }
+      ptx::fence_proxy_async_shared();
+      ptx::named_barrier_sync(1, T::kMathThreads);
+      if (tid == 0) {
+#pragma unroll
+        for (int slab = 0; slab < 2; ++slab)
+          ptx::tma_store_2d(&tmap_d, smem + slab * (BLOCK_TOK * 128), static_cast<int32_t>(n_tile * BLOCK_W + slab * 64),
+                            static_cast<int32_t>(m_tile * BLOCK_TOK));
+        ptx::bulk_commit_group();
+      }
+    }
+    if (threadIdx.x == 0) ptx::bulk_wait_group<0>();
+  }
+#elif defined(__CUDA_ARCH__)
+  __trap();  // built for a target without wgmma/setmaxnreg: fail loudly, never return garbage
+#endif
+}
+
+}  // namespace fp8proj::sm90::kernels

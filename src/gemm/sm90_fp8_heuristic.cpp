@@ -1,0 +1,337 @@
+// Enumerates and ranks the sm90_fp8_block configurations (see the header for the family).
+// The model is a roofline per SM, used only to order candidates; `fp8proj tune` measures.
+#include "gemm/sm90_fp8_heuristic.hpp"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <limits>
+
+#include "fp8proj/error.hpp"
+
+namespace fp8proj::sm90 {
+
+namespace {
+
+// ---- H200 numbers the model uses (leads from KERNEL_NOTES.md; only ratios matter) ----
+constexpr double kClockGHz = 1.75;              // sustained SM clock under FP8 WGMMA load
+constexpr double kTensorFlopPerClkPerSm = 8192;  // 1979 TFLOP/s dense FP8 / 132 SMs / 1.83 GHz
+constexpr double kHbmBytesPerUs = 4.0e6;         // ~4.3 TB/s copy bandwidth, 4.0 reachable by a GEMM
+constexpr double kSmLoadBytesPerUs = 1.1e5;      // ~110 GB/s of L2->SM traffic per SM (TMA, 64 B/clk peak)
+constexpr double kSmDramBytesPerUs = 4.5e4;      // ~45 GB/s of DRAM streaming per SM: all SMs are needed
+                                                 // to reach HBM speed (132 x 45 GB/s = 5.9 TB/s)
+constexpr double kLaunchUs = 3.0;                // launch + prologue + first TMA round trip
+constexpr double kUnitOverheadUs = 0.25;         // epilogue sync + store issue per unit
+constexpr int kMaxSplitK = 32;
+constexpr int64_t kMaxWorkspaceBytes = int64_t{256} << 20;
+
+// Fraction of the FP8 peak the main loop sustains when compute-bound (rough, per kernel
+// shape: one consumer warpgroup cannot hide its own promotion; narrow WGMMA N runs the
+// tensor cores below peak).
+// H200 run 1 (2026-11-30): 128x128 and 256x128 sustained 1100-1340 TFLOP/s at large M
+// (0.56-0.68 of the 1979 peak, clocks included), DeepGEMM 1300-1475 with wider tiles and
+// 2-CTA multicast. Narrower N (96/112) costs tensor throughput per tile but fills 132 SMs at
+// M = 128-512 where 128-wide tiles leave 27-58% of them idle. Multicast mostly relieves L2
+// bandwidth, which matters once every SM streams (many tiles).
+double tensor_efficiency(const Config& c) {
+  if (c.kind == KernelKind::kGemm1d2d) {
+    if (c.math_wgs == 1) return 0.55;
+    double e = 0.72;
+    if (c.block_n <= 96) e = 0.64;
+    else if (c.block_n <= 112) e = 0.68;
+    else if (c.block_m * c.block_n >= 128 * 192) e = 0.78;
+    else if (c.block_n >= 160) e = 0.76;
+    // NOTE: H200 run 2 (2026-11-30, a mid-development build of the _mc2 kernels): the cluster
+    // variants ran at ~650-700 TFLOP/s where their plain twins reach 1150-1250 (e.g. 16384x2048
+    // at M=4096: 406 us vs 219 us). Until a measurement says otherwise the model rates them at
+    // that speed, so the heuristic never prefers them; the tuner still times them.
+    if (c.cluster > 1) e *= 0.55;
+    return e;
+  }
+  switch (c.block_m) {
+    case 16: return 0.25;
+    case 32: return 0.40;
+    case 64: return 0.55;
+    default: return 0.65;
+  }
+}
+
+const std::vector<Config> kFamily = {
+    // Large M: two consumer warpgroups of 64 rows each, 5 stages (5 x 33 KB in flight).
+    {KernelKind::kGemm1d2d, 128, 128, 2, 5, 1},
+    // Large M, wider tile: 1.2x fewer A re-reads; straddles 128-column scale blocks.
+    {KernelKind::kGemm1d2d, 128, 192, 2, 4, 1},
+    // Large M, tallest tile: each warpgroup does two 64-row waves (192 accumulator regs).
+    {KernelKind::kGemm1d2d, 256, 128, 2, 3, 1},
+    // Non-power-of-two widths that fill 132 SMs where 128 leaves waves ragged, e.g.
+    // N = 6144 at M = 256: 2 x 64 tiles of 96 (0.97 of a wave) vs 2 x 48 of 128 (0.73);
+    // N = 7168: 2 x 64 tiles of 112. 160: N = 16384 at M = 4096 is 25.0 waves vs 31.03 -> 32.
+    // All straddle 128-column scale blocks (2 B-scale rows; 4, 8 and 4 main-loop copies).
+    {KernelKind::kGemm1d2d, 128, 96, 2, 7, 1},
+    {KernelKind::kGemm1d2d, 128, 112, 2, 6, 1},
+    {KernelKind::kGemm1d2d, 128, 160, 2, 5, 1},
+    // 2-CTA clusters, B multicast: L2->SM bytes per K block and CTA 32 -> 24 KB (128x128),
+    // 48 -> 40 KB (256x128), 40 -> 28 KB (128x192). For large M, many tiles per SM.
+    {KernelKind::kGemm1d2d, 128, 128, 2, 5, 1, 2},
+    {KernelKind::kGemm1d2d, 256, 128, 2, 3, 1, 2},
+    {KernelKind::kGemm1d2d, 128, 192, 2, 4, 1, 2},
+    {KernelKind::kGemm1d2d, 128, 160, 2, 5, 1, 2},
+    // Medium M (64..512): one consumer warpgroup, 8 stages.
+    {KernelKind::kGemm1d2d, 64, 128, 1, 8, 1},
+    // Small M: weights as the 64-row WGMMA operand, tokens as N = 16/32/64/128.
+    {KernelKind::kSwapAB, 16, 128, 2, 11, 1},
+    {KernelKind::kSwapAB, 32, 128, 2, 10, 1},
+    {KernelKind::kSwapAB, 64, 128, 2, 8, 1},
+    {KernelKind::kSwapAB, 128, 128, 2, 5, 1},
+};
+
+bool parse_int(std::string_view& s, std::string_view prefix, int& out) {
+  if (s.substr(0, prefix.size()) != prefix) return false;
+  s.remove_prefix(prefix.size());
+  const char* first = s.data();
+  const char* last = s.data() + s.size();
+  auto [ptr, ec] = std::from_chars(first, last, out);
+  if (ec != std::errc() || ptr == first) return false;
+  s.remove_prefix(static_cast<size_t>(ptr - first));
+  return true;
+}
+
+int64_t k_blocks(const Problem& p) { return p.k / kBlockK; }
+
+struct Model {
+  double est_us;
+  double wave_eff;
+  int64_t hbm_bytes;
+};
+
+Model model(const Config& c, const Problem& p) {
+  const TileGrid g = tile_grid(c, p);
+  const int64_t kb = k_blocks(p);
+  const int64_t kb_per_unit = ceil_div(kb, g.splits);
+  const int64_t units_per_sm = ceil_div(g.units, std::max<int64_t>(g.grid, 1));
+  const int64_t active_sms = std::min<int64_t>(g.units, p.num_sms);
+
+  // Per unit: tensor time vs. operand load time (whichever bounds the main loop).
+  const double rows = c.kind == KernelKind::kGemm1d2d ? c.block_m : 128.0;  // WGMMA M side
+  const double cols = c.kind == KernelKind::kGemm1d2d ? c.block_n : c.block_m;
+  const double flop_per_kb = 2.0 * rows * cols * kBlockK;
+  const double t_tensor = kb_per_unit * flop_per_kb /
+                          (kTensorFlopPerClkPerSm * tensor_efficiency(c) * kClockGHz * 1e3);
+  const double load_bytes = static_cast<double>(stage_bytes(c.kind, c.block_m, c.block_n)) -
+                            (c.cluster > 1 ? double(c.block_n) * kBlockK * (c.cluster - 1) / c.cluster : 0.0);
+  const double t_load = kb_per_unit * load_bytes / kSmLoadBytesPerUs;
+  const double d_tile_bytes = 2.0 * c.block_m * c.block_n;
+  const double partial_bytes = g.splits > 1 ? 4.0 * c.block_m * c.block_n : 0.0;
+  // Non-last splits write their partial; the last one reads all of them.
+  const double t_epilogue = kUnitOverheadUs + (d_tile_bytes + partial_bytes) / kSmLoadBytesPerUs;
+  // The last split of each tile reads all split_k partials back (fixed order).
+  const int64_t tiles = g.m_tiles * g.n_tiles;
+  const double t_reduce = g.splits > 1 ? ceil_div(tiles, p.num_sms) * g.splits * partial_bytes / kSmLoadBytesPerUs
+                                       : 0.0;
+  const double t_sm = units_per_sm * (std::max(t_tensor, t_load) + t_epilogue) + t_reduce;
+
+  // DRAM: the weight and activation once (L2 catches re-reads of tiles in flight), the
+  // output once, split-K partials half the time (they mostly stay in the 50 MB L2).
+  const int64_t m_pad = g.m_tiles * c.block_m;
+  const int64_t bytes = p.n * p.k + p.m * p.k + 2 * p.m * p.n + 4 * (p.n / 128) * kb +
+                        4 * p.m * kb + (g.splits > 1 ? 4 * m_pad * p.n * g.splits : 0);
+  const double t_hbm = std::max(bytes / kHbmBytesPerUs, bytes / (active_sms * kSmDramBytesPerUs));
+
+  // The smaller of the two still costs a little (they overlap imperfectly); this also
+  // breaks ties between memory-bound configs in favour of less SM work (e.g. swap-AB at M=1).
+  const double waves = static_cast<double>(units_per_sm);
+  return {kLaunchUs + std::max(t_sm, t_hbm) + 0.15 * std::min(t_sm, t_hbm), g.units / (waves * p.num_sms), bytes};
+}
+
+}  // namespace
+
+std::string Config::name() const {
+  std::string s = kind == KernelKind::kSwapAB ? "swapab_" : "";
+  s += "m" + std::to_string(block_m) + "n" + std::to_string(block_n) + "_ws" +
+       std::to_string(math_wgs) + "_st" + std::to_string(stages);
+  if (cluster > 1) s += "_mc" + std::to_string(cluster);
+  if (split_k > 1) s += "_sk" + std::to_string(split_k);
+  return s;
+}
+
+Config Config::parse(std::string_view name) {
+  Config c;
+  std::string_view s = name;
+  c.kind = KernelKind::kGemm1d2d;
+  if (s.substr(0, 7) == "swapab_") {
+    c.kind = KernelKind::kSwapAB;
+    s.remove_prefix(7);
+  }
+  bool ok = parse_int(s, "m", c.block_m) && parse_int(s, "n", c.block_n) &&
+            parse_int(s, "_ws", c.math_wgs) && parse_int(s, "_st", c.stages);
+  c.split_k = 1;
+  c.cluster = 1;
+  if (ok && s.substr(0, 3) == "_mc") ok = parse_int(s, "_mc", c.cluster) && c.cluster > 1;
+  if (ok && !s.empty()) ok = parse_int(s, "_sk", c.split_k) && c.split_k > 1;
+  FP8PROJ_CHECK(ok && s.empty(), "sm90 config name '", name,
+                "' is not of the form [swapab_]m<BM>n<BN>_ws<W>_st<S>[_mc<C>][_sk<K>], e.g. m128n128_ws2_st5");
+  FP8PROJ_CHECK(c.cluster == 1 || c.kind == KernelKind::kGemm1d2d, "sm90 config name '", name,
+                "': clusters (_mc) exist only for the 1d2d kernels");
+  FP8PROJ_CHECK(c.split_k == 1 || c.kind == KernelKind::kSwapAB, "sm90 config name '", name,
+                "': split-K (_sk) exists only for swapab_ kernels");
+  return c;
+}
+
+const std::vector<Config>& kernel_family() { return kFamily; }
+
+bool is_instantiated(const Config& cfg) {
+  Config base = cfg;
+  base.split_k = 1;
+  return std::find(kFamily.begin(), kFamily.end(), base) != kFamily.end();
+}
+
+void check_problem(const Problem& p) {
+  FP8PROJ_CHECK(p.m >= 0, "sm90 FP8 GEMM: M must be >= 0, got ", p.m);
+  FP8PROJ_CHECK(p.n > 0 && p.n % 128 == 0, "sm90 FP8 GEMM: N must be a positive multiple of 128 ",
+                "(128x128 weight scale blocks), got N=", p.n, "; run such a layer in bf16");
+  FP8PROJ_CHECK(p.k > 0 && p.k % 128 == 0, "sm90 FP8 GEMM: K must be a positive multiple of 128 ",
+                "(1x128 / 128x128 scale blocks), got K=", p.k, "; run such a layer in bf16");
+  constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
+  FP8PROJ_CHECK(p.m <= kMax && p.n <= kMax && p.k <= kMax,
+                "sm90 FP8 GEMM: M, N, K must be < 2^31 (TMA coordinates are 32-bit), got M=", p.m,
+                " N=", p.n, " K=", p.k);
+  FP8PROJ_CHECK(p.num_sms > 0, "sm90 FP8 GEMM: num_sms must be > 0, got ", p.num_sms);
+}
+
+TileGrid tile_grid(const Config& cfg, const Problem& p) {
+  TileGrid g;
+  g.m_tiles = ceil_div(p.m, cfg.block_m);
+  g.n_tiles = ceil_div(p.n, cfg.block_n);
+  g.splits = cfg.kind == KernelKind::kSwapAB ? cfg.split_k : 1;
+  const int64_t cl = std::max(1, cfg.cluster);
+  g.units = align_up(g.m_tiles, cl) * g.n_tiles * g.splits;
+  g.grid = std::min<int64_t>(g.units, p.num_sms / cl * cl);
+  return g;
+}
+
+int64_t smem_bytes(const Config& cfg, int64_t k) {
+  const int64_t kb = k / kBlockK;
+  const int64_t fixed = smem_fixed_bytes(cfg.kind, cfg.block_m, cfg.block_n, cfg.stages);
+  if (cfg.kind == KernelKind::kGemm1d2d) return fixed + align_up(kb * b_scale_rows(cfg.block_n) * 4, 16);
+  return fixed + align_up(ceil_div(kb, std::max(1, cfg.split_k)) * 4, 16);
+}
+
+int64_t split_counter_bytes(int64_t n) { return align_up(kMaxSplitTokenTiles * ceil_div(n, 128) * 4, 256); }
+
+size_t workspace_bytes(const Config& cfg, int64_t m, int64_t n, int64_t k) {
+  (void)k;
+  if (cfg.kind != KernelKind::kSwapAB || cfg.split_k <= 1 || m <= 0) return 0;
+  const int64_t tiles = ceil_div(m, cfg.block_m) * ceil_div(n, cfg.block_n);
+  return static_cast<size_t>(split_counter_bytes(n) + tiles * cfg.split_k * int64_t{cfg.block_m} * cfg.block_n * 4);
+}
+
+std::string why_illegal(const Config& cfg, const Problem& p) {
+  try {
+    check_problem(p);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  if (!is_instantiated(cfg)) return "no kernel is instantiated for " + cfg.name();
+  if (p.m < 1) return "M = 0: nothing to compute";
+  if (cfg.kind == KernelKind::kGemm1d2d && cfg.split_k != 1) return "split-K only exists for swapab kernels";
+  if (cfg.kind == KernelKind::kSwapAB && cfg.cluster != 1) return "clusters only exist for the 1d2d kernels";
+  if (cfg.cluster > 1 && p.num_sms < cfg.cluster)
+    return "a cluster of " + std::to_string(cfg.cluster) + " CTAs needs at least as many SMs";
+  if (cfg.split_k > 1 && ceil_div(p.m, cfg.block_m) > kMaxSplitTokenTiles)
+    return "split-K runs at most " + std::to_string(kMaxSplitTokenTiles) + " token tiles (its tile counters are " +
+           "laid out for that many), M=" + std::to_string(p.m) + " needs " + std::to_string(ceil_div(p.m, cfg.block_m));
+  if (cfg.split_k < 1 || cfg.split_k > std::min<int64_t>(kMaxSplitK, k_blocks(p)))
+    return "split_k " + std::to_string(cfg.split_k) + " outside [1, min(" + std::to_string(kMaxSplitK) +
+           ", K/128 = " + std::to_string(k_blocks(p)) + ")]";
+  const int64_t smem = smem_bytes(cfg, p.k);
+  if (smem > kMaxSmemPerBlock)
+    return "needs " + std::to_string(smem) + " B of shared memory (K = " + std::to_string(p.k) +
+           " adds its B scales), limit " + std::to_string(kMaxSmemPerBlock);
+  if (static_cast<int64_t>(workspace_bytes(cfg, p.m, p.n, p.k)) > kMaxWorkspaceBytes)
+    return "split-K workspace over " + std::to_string(kMaxWorkspaceBytes >> 20) + " MB";
+  return {};
+}
+
+int best_split_k(const Config& cfg, const Problem& p) {
+  if (cfg.kind != KernelKind::kSwapAB || p.m < 1) return 1;
+  Config c = cfg;
+  int best = 1;
+  double best_us = std::numeric_limits<double>::infinity();
+  const int64_t max_split = std::min<int64_t>(kMaxSplitK, k_blocks(p));
+  for (int s = 1; s <= max_split; ++s) {
+    c.split_k = s;
+    if (!why_illegal(c, p).empty()) continue;
+    const double us = model(c, p).est_us;
+    if (us < best_us * 0.98) {  // 2%: a split must earn its workspace traffic
+      best_us = us;
+      best = s;
+    }
+  }
+  return best;
+}
+
+std::vector<Config> candidates(const Problem& p) {
+  check_problem(p);
+  std::vector<Config> out;
+  if (p.m == 0) return out;
+  for (const Config& base : kFamily) {
+    if (base.kind == KernelKind::kSwapAB) {
+      // Swap-AB re-reads the weight once per token tile: worth trying up to 2 tiles.
+      if (ceil_div(p.m, base.block_m) > 2) continue;
+      Config c = base;
+      c.split_k = best_split_k(base, p);
+      if (why_illegal(c, p).empty()) out.push_back(c);
+      if (c.split_k != 1 && why_illegal(base, p).empty()) out.push_back(base);
+    } else if (why_illegal(base, p).empty()) {
+      // Multicast pays only when every SM streams: at least one full wave of tile pairs.
+      if (base.cluster > 1 && ceil_div(p.m, base.block_m) * ceil_div(p.n, base.block_n) < p.num_sms) continue;
+      out.push_back(base);
+    }
+  }
+  std::sort(out.begin(), out.end(), [](const Config& a, const Config& b) { return a.name() < b.name(); });
+  return out;
+}
+
+std::vector<Ranked> rank(const Problem& p) {
+  std::vector<Ranked> out;
+  for (const Config& c : candidates(p)) {
+    const Model m = model(c, p);
+    out.push_back({c, m.est_us, m.wave_eff, m.hbm_bytes});
+  }
+  std::stable_sort(out.begin(), out.end(),
+                   [](const Ranked& a, const Ranked& b) { return a.est_us < b.est_us; });
+  return out;
+}
+
+Config choose(const Problem& p) {
+  check_problem(p);
+  FP8PROJ_CHECK(p.m > 0, "sm90 FP8 GEMM: M = 0 has no configuration (the launcher returns early)");
+  const std::vector<Ranked> r = rank(p);
+  FP8PROJ_CHECK(!r.empty(), "sm90 FP8 GEMM: no legal configuration for M=", p.m, " N=", p.n, " K=", p.k,
+                " (K too large for the B-scale buffer of every kernel?)");
+  return r.front().config;
+}
+
+Config forced(std::string_view name, const Problem& p) {
+  const Config c = Config::parse(name);
+  const std::string why = why_illegal(c, p);
+  FP8PROJ_CHECK(why.empty(), "sm90 config '", name, "' cannot run M=", p.m, " N=", p.n, " K=", p.k,
+                ": ", why);
+  return c;
+}
+
+int raster_group_m(const Config& cfg, const Problem& p) {
+  int best = 8;
+  int64_t best_rows = std::numeric_limits<int64_t>::max();
+  const int64_t pair_rows = int64_t{cfg.block_m} * std::max(1, cfg.cluster);
+  for (int g : {8, 16}) {
+    const int64_t rows = g * pair_rows + ceil_div(p.num_sms, g * std::max(1, cfg.cluster)) * cfg.block_n;
+    if (rows < best_rows) {
+      best_rows = rows;
+      best = g;
+    }
+  }
+  return best;
+}
+
+}  // namespace fp8proj::sm90

@@ -1,0 +1,153 @@
+// Host-only description of the sm90_fp8_block GEMM kernel family and the heuristic that
+// picks one configuration per problem. No CUDA headers: unit-testable without a GPU.
+//
+// Problem: D[M,N] (bf16) = A[M,K] (e4m3, 1x128 scales) . B[N,K]^T (e4m3, 128x128 scales).
+//
+// Two kernels (src/cuda/kernels/):
+//   kGemm1d2d  (sm90_fp8_gemm_1d2d.cuh): tiles of block_m rows of A x block_n columns of D;
+//              A is the WGMMA M operand (64 rows per warpgroup and wave), B the N operand.
+//              Large and medium M.
+//   kSwapAB    (sm90_fp8_gemm_swapab.cuh): D^T = B . A^T; 128 weight rows per tile are the
+//              WGMMA M operand (two warpgroups x 64), block_m tokens the N operand (16..128),
+//              optional split-K with a deterministic in-kernel reduction. Small M, where the
+//              job is to stream the FP8 weight once at HBM speed.
+//
+// Config names (stable; printed by tools, accepted back by Config::parse):
+//   "m128n128_ws2_st5"            kGemm1d2d, block 128x128, 2 consumer warpgroups, 5 stages
+//   "m128n128_ws2_st5_mc2"        the same in 2-CTA clusters: the B tile is TMA-multicast to
+//                                 the CTA pair computing M blocks 2j and 2j+1
+//   "swapab_m16n128_ws2_st11_sk4" kSwapAB,   16 tokens x 128 weight rows, 11 stages, split-K 4
+// "_mcC" appears only when C > 1 (kGemm1d2d), "_skS" only when S > 1 (kSwapAB).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace fp8proj::sm90 {
+
+enum class KernelKind : uint8_t { kGemm1d2d, kSwapAB };
+
+struct Config {
+  KernelKind kind = KernelKind::kGemm1d2d;
+  int block_m = 128;  // kGemm1d2d: rows of A (M) per tile; kSwapAB: tokens per tile (WGMMA N)
+  int block_n = 128;  // columns of D (weight rows) per tile
+  int math_wgs = 2;   // consumer warpgroups (128 threads each); plus one producer warpgroup
+  int stages = 5;     // TMA pipeline depth
+  int split_k = 1;    // kSwapAB only: K is cut into split_k contiguous ranges of 128-blocks
+  int cluster = 1;    // kGemm1d2d only: CTAs per cluster along M sharing the B tile (1 or 2)
+
+  std::string name() const;
+  // Throws fp8proj::Error naming the text when it is not a config name (grammar above).
+  static Config parse(std::string_view name);
+  bool operator==(const Config&) const = default;
+};
+
+struct Problem {
+  int64_t m = 0, n = 0, k = 0;
+  int num_sms = 132;
+};
+
+// ---- constants shared with the kernels (static_asserts in sm90_fp8_gemm.cu tie them) ----
+inline constexpr int kBlockK = 128;                  // one scale block of K = one 128 B swizzle row
+inline constexpr int64_t kMaxSmemPerBlock = 232448;  // 227 KB opt-in limit on sm_90
+inline constexpr int kBarrierBytes = 256;            // 2 x stages x 8 B mbarriers (+ a flag), stages <= 15
+
+constexpr int64_t align_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
+constexpr int64_t ceil_div(int64_t x, int64_t y) { return (x + y - 1) / y; }
+
+// B-scale rows a 1d2d tile needs per K block: 1 when the tile lies inside one 128-column
+// scale block (block_n divides 128), else 2 (the tile straddles a scale-block boundary).
+constexpr int b_scale_rows(int block_n) { return 128 % block_n == 0 ? 1 : 2; }
+
+// Bytes of one pipeline stage: A tile + B tile + A scales (rounded to 128 B for TMA). With
+// a 2-CTA cluster each CTA still holds the whole B tile (half of it written by the peer).
+constexpr int64_t stage_bytes(KernelKind kind, int block_m, int block_n) {
+  return kind == KernelKind::kGemm1d2d
+             ? int64_t{block_m} * kBlockK + int64_t{block_n} * kBlockK + align_up(block_m * 4, 128)
+             : int64_t{block_n} * kBlockK + int64_t{block_m} * kBlockK + align_up(block_m * 4, 128);
+}
+
+// The bf16 output staging tile for the TMA store (1024-aligned: swizzle atoms).
+constexpr int64_t d_tile_bytes(int block_m, int block_n) {
+  return align_up(int64_t{block_m} * block_n * 2, 1024);
+}
+
+// Shared memory that does not depend on K: D tile | stages | barriers.
+constexpr int64_t smem_fixed_bytes(KernelKind kind, int block_m, int block_n, int stages) {
+  return d_tile_bytes(block_m, block_n) + stages * stage_bytes(kind, block_m, block_n) +
+         kBarrierBytes;
+}
+
+// ---- the family and the heuristic ----
+
+// Every kernel instantiated in sm90_fp8_gemm.cu (split_k = 1). Few on purpose: each costs
+// ~20-40 s of ptxas time.
+const std::vector<Config>& kernel_family();
+
+// Same kernel as one of kernel_family(), whatever its split_k.
+bool is_instantiated(const Config& cfg);
+
+// Throws fp8proj::Error unless M >= 0, N, K > 0 and multiples of 128, all < 2^31, num_sms > 0.
+void check_problem(const Problem& p);
+
+// Empty when cfg can run p correctly, else the reason (for logs and tests).
+std::string why_illegal(const Config& cfg, const Problem& p);
+
+struct TileGrid {
+  int64_t m_tiles = 0, n_tiles = 0, splits = 1;
+  // align_up(m_tiles, cluster) * n_tiles * splits: the work items (CTA tiles) of the
+  // persistent grid; a cluster's spare tile past M (odd m_tiles) counts as work.
+  int64_t units = 0;
+  int64_t grid = 0;  // CTAs launched: min(units, num_sms rounded down to whole clusters)
+};
+TileGrid tile_grid(const Config& cfg, const Problem& p);
+
+// Dynamic shared memory the launch needs (fixed part + B scales, which depend on K).
+int64_t smem_bytes(const Config& cfg, int64_t k);
+
+// Split-K workspace: tile counters + fp32 partials; 0 when split_k == 1.
+size_t workspace_bytes(const Config& cfg, int64_t m, int64_t n, int64_t k);
+
+// Split-K workspace layout: [counters | partials]. The counter region depends on N alone
+// (kMaxSplitTokenTiles x N/128 slots), so every configuration and M that share one workspace —
+// one plan, one weight — agree on where the counters live, and partials of one launch can never
+// land on the counters of the next (each launch leaves its counters at zero). A layout sized
+// by the launch's own tile count let a 48-tile split-K launch write partials over the counters
+// of a following 96-tile one (H200, 6144x16384: unwritten outputs at M=128).
+inline constexpr int64_t kMaxSplitTokenTiles = 8;
+int64_t split_counter_bytes(int64_t n);
+
+// The split-K factor the heuristic pairs with a kSwapAB kernel for this problem.
+int best_split_k(const Config& cfg, const Problem& p);
+
+// Legal configurations worth trying for p: each kernel of the family that is legal, the
+// swap-AB ones with best_split_k (and without split, when that differs), sorted by name.
+// Throws (check_problem) on an invalid problem. M = 0 yields an empty list.
+std::vector<Config> candidates(const Problem& p);
+
+struct Ranked {
+  Config config;
+  double est_us = 0;       // modelled time; only its order matters
+  double wave_eff = 0;     // units / (waves * num_sms)
+  int64_t hbm_bytes = 0;   // modelled DRAM traffic
+};
+// candidates(p) with the model's estimate, best first (ties broken by name: deterministic).
+std::vector<Ranked> rank(const Problem& p);
+
+// rank(p).front().config; throws when M = 0 (nothing to run) or the problem is invalid.
+Config choose(const Problem& p);
+
+// For tuning: exactly the named configuration, checked for legality against p (throws
+// with the reason otherwise).
+Config forced(std::string_view name, const Problem& p);
+
+// Grouped rasterization of the 1d2d tile scheduler: consecutive tiles walk `group` M
+// blocks (M-block pairs with clusters) for one N block before moving on, so the ~num_sms
+// tiles in flight share operands in L2. 8 or 16, whichever keeps fewer distinct A+B rows in
+// flight.
+int raster_group_m(const Config& cfg, const Problem& p);
+
+}  // namespace fp8proj::sm90

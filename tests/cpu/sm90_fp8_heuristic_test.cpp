@@ -1,0 +1,182 @@
+// Unit tests of the sm90_fp8_block configuration heuristic (host only, no GPU).
+#include <gtest/gtest.h>
+
+#include <set>
+#include <string>
+
+#include "fp8proj/error.hpp"
+#include "gemm/sm90_fp8_heuristic.hpp"
+
+namespace fp8proj::sm90 {
+namespace {
+
+// The target shapes (N x K of one tensor-parallel shard) and the M range of DESIGN.md.
+const std::vector<std::pair<int64_t, int64_t>> kShapes = {
+    {16384, 2048}, {8192, 2048}, {4096, 2048},  {2048, 2048},  {6144, 16384}, {6144, 8192},
+    {6144, 4096},  {6144, 2048}, {24576, 1536}, {12288, 1536}, {6144, 1536},  {3072, 1536},
+    {7168, 16384}, {7168, 8192}, {7168, 4096},  {7168, 2048},  {640, 384},    {128, 128}};
+const std::vector<int64_t> kMs = {1, 7, 16, 33, 64, 100, 128, 255, 256, 512, 1000, 1024, 4096, 8192, 32768};
+
+TEST(Sm90Fp8Heuristic, FamilyNamesRoundTrip) {
+  std::set<std::string> names;
+  for (const Config& c : kernel_family()) {
+    EXPECT_EQ(Config::parse(c.name()), c) << c.name();
+    EXPECT_TRUE(names.insert(c.name()).second) << "duplicate " << c.name();
+    Config split = c;
+    if (c.kind == KernelKind::kSwapAB) {
+      split.split_k = 7;
+      EXPECT_EQ(Config::parse(split.name()), split) << split.name();
+      EXPECT_NE(split.name().find("_sk7"), std::string::npos);
+    }
+  }
+  EXPECT_EQ(Config::parse("m128n128_ws2_st5").block_n, 128);
+  EXPECT_EQ(Config::parse("swapab_m16n128_ws2_st11_sk4").split_k, 4);
+  EXPECT_EQ(Config::parse("m256n128_ws2_st3_mc2").cluster, 2);
+  EXPECT_EQ(Config::parse("m256n128_ws2_st3").cluster, 1);
+}
+
+TEST(Sm90Fp8Heuristic, FamilyIsSmallAndCoversTheNewTiles) {
+  // Each kernel costs ptxas time; the family stays well under 20.
+  EXPECT_LE(kernel_family().size(), 16u);
+  for (const char* name : {"m128n96_ws2_st7", "m128n112_ws2_st6", "m128n160_ws2_st5", "m128n128_ws2_st5_mc2",
+                           "m256n128_ws2_st3_mc2", "m128n192_ws2_st4_mc2", "m128n160_ws2_st5_mc2"})
+    EXPECT_TRUE(is_instantiated(Config::parse(name))) << name;
+}
+
+TEST(Sm90Fp8Heuristic, ClusterGridIsWholePairs) {
+  // 1100 rows = 9 blocks of 128: the 5th pair has a spare tile past M.
+  const Problem p{1100, 7168, 640, 132};
+  const Config c = forced("m128n128_ws2_st5_mc2", p);
+  const TileGrid g = tile_grid(c, p);
+  EXPECT_EQ(g.m_tiles, 9);
+  EXPECT_EQ(g.units, 10 * 56);
+  EXPECT_EQ(g.grid % 2, 0);
+  EXPECT_EQ(tile_grid(c, {1100, 7168, 640, 131}).grid, 130);  // whole clusters only
+  EXPECT_FALSE(why_illegal(c, {1100, 7168, 640, 1}).empty());
+  // Multicast is only offered once there is at least a wave of tiles.
+  for (const Config& x : candidates({128, 6144, 4096, 132})) EXPECT_EQ(x.cluster, 1) << x.name();
+}
+
+TEST(Sm90Fp8Heuristic, ParseRejectsMalformedNames) {
+  for (const char* bad : {"", "m128", "m128n128", "m128n128_ws2", "m128n128_ws2_st5_", "m128n128_ws2_st5_sk4",
+                          "m128n128_ws2_st5_mc1", "m128n128_ws2_st5_mc", "swapab_m16n128_ws2_st11_mc2",
+                          "m128n128_ws2_st5_sk2_mc2",
+                          "swapab_m16n128_ws2_st11_sk1", "swapab_m16n128_ws2_st11_sk", "m128n128_ws2_st5x",
+                          "M128N128_WS2_ST5", "swap_m16n128_ws2_st11"})
+    EXPECT_THROW(Config::parse(bad), Error) << bad;
+}
+
+TEST(Sm90Fp8Heuristic, RejectsNOrKNotMultipleOf128) {
+  for (const Problem p : {Problem{16, 4000, 2048, 132}, Problem{16, 4096, 2000, 132}, Problem{16, 0, 2048, 132},
+                          Problem{16, 4096, 0, 132}, Problem{-1, 4096, 2048, 132}, Problem{16, 4096, 2048, 0}}) {
+    EXPECT_THROW(check_problem(p), Error);
+    EXPECT_THROW(candidates(p), Error);
+    EXPECT_THROW(choose(p), Error);
+    EXPECT_FALSE(why_illegal(kernel_family().front(), p).empty());
+  }
+  try {
+    check_problem({16, 4000, 2048, 132});
+    FAIL() << "no throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("N must be a positive multiple of 128"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Sm90Fp8Heuristic, MZeroHasNoCandidates) {
+  EXPECT_TRUE(candidates({0, 4096, 2048, 132}).empty());
+  EXPECT_THROW(choose({0, 4096, 2048, 132}), Error);
+}
+
+TEST(Sm90Fp8Heuristic, CandidatesAreLegalInstantiatedAndNamedUniquely) {
+  for (const auto& [n, k] : kShapes)
+    for (int64_t m : kMs) {
+      const Problem p{m, n, k, 132};
+      const auto cands = candidates(p);
+      ASSERT_FALSE(cands.empty()) << m << "x" << n << "x" << k;
+      std::set<std::string> names;
+      for (const Config& c : cands) {
+        EXPECT_TRUE(why_illegal(c, p).empty()) << c.name() << ": " << why_illegal(c, p);
+        EXPECT_TRUE(is_instantiated(c)) << c.name();
+        EXPECT_TRUE(names.insert(c.name()).second) << c.name();
+        EXPECT_LE(smem_bytes(c, k), kMaxSmemPerBlock) << c.name();
+        EXPECT_EQ(Config::parse(c.name()), c);
+        EXPECT_EQ(forced(c.name(), p), c);
+      }
+      const auto ranked = rank(p);
+      ASSERT_EQ(ranked.size(), cands.size());
+      for (size_t i = 1; i < ranked.size(); ++i) EXPECT_LE(ranked[i - 1].est_us, ranked[i].est_us);
+      EXPECT_EQ(choose(p), ranked.front().config);
+    }
+}
+
+TEST(Sm90Fp8Heuristic, ChoiceCoversEveryTileAndKBlock) {
+  for (const auto& [n, k] : kShapes)
+    for (int64_t m : kMs)
+      for (int sms : {132, 114, 78, 1}) {
+        const Problem p{m, n, k, sms};
+        const Config c = choose(p);
+        EXPECT_TRUE(why_illegal(c, p).empty()) << c.name();
+        const TileGrid g = tile_grid(c, p);
+        EXPECT_GE(g.m_tiles * c.block_m, m) << c.name();
+        EXPECT_LT((g.m_tiles - 1) * c.block_m, m) << c.name();
+        EXPECT_GE(g.n_tiles * c.block_n, n) << c.name();
+        EXPECT_LT((g.n_tiles - 1) * c.block_n, n) << c.name();
+        EXPECT_GE(g.splits, 1);
+        EXPECT_LE(g.splits, k / 128) << "every split needs at least one K block";
+        EXPECT_EQ(g.units, align_up(g.m_tiles, c.cluster) * g.n_tiles * g.splits);
+        EXPECT_EQ(g.grid, std::min<int64_t>(g.units, sms / c.cluster * c.cluster));
+        EXPECT_EQ(g.grid % c.cluster, 0);
+        EXPECT_EQ(workspace_bytes(c, m, n, k) > 0, g.splits > 1) << c.name();
+        // The split ranges [s*kb/S, (s+1)*kb/S) partition the K blocks, none empty.
+        const int64_t kb = k / 128;
+        int64_t covered = 0;
+        for (int64_t s = 0; s < g.splits; ++s) {
+          const int64_t b = s * kb / g.splits, e = (s + 1) * kb / g.splits;
+          EXPECT_EQ(b, covered);
+          EXPECT_GT(e, b);
+          covered = e;
+        }
+        EXPECT_EQ(covered, kb);
+      }
+}
+
+TEST(Sm90Fp8Heuristic, SplitKOnlyForSwapAB) {
+  const Problem p{16, 4096, 2048, 132};
+  Config c = kernel_family().front();
+  ASSERT_EQ(c.kind, KernelKind::kGemm1d2d);
+  c.split_k = 2;
+  EXPECT_FALSE(why_illegal(c, p).empty());
+  EXPECT_THROW(forced("swapab_m16n128_ws2_st11_sk33", p), Error);  // > K/128 = 16 blocks
+  EXPECT_NO_THROW(forced("swapab_m16n128_ws2_st11_sk16", p));
+  EXPECT_THROW(forced("m128n128_ws2_st6", p), Error);  // not instantiated
+}
+
+TEST(Sm90Fp8Heuristic, SmallMPrefersWeightStreamingAndFillsSms) {
+  // N=4096, K=2048 at M=16: only 32 weight tiles of 128 rows; the choice must use more SMs.
+  const Problem p{16, 4096, 2048, 132};
+  const Config c = choose(p);
+  EXPECT_GE(tile_grid(c, p).units, 64) << c.name();
+  // Large M goes to a 2-consumer-warpgroup tile.
+  const Config big = choose({8192, 6144, 4096, 132});
+  EXPECT_EQ(big.kind, KernelKind::kGemm1d2d);
+  EXPECT_EQ(big.math_wgs, 2);
+}
+
+TEST(Sm90Fp8Heuristic, SharedMemoryGrowsWithKAndIsCheckedAgainstTheLimit) {
+  const Config c = kernel_family().front();
+  EXPECT_LT(smem_bytes(c, 2048), smem_bytes(c, 1 << 20));
+  const Problem huge_k{128, 4096, int64_t{1} << 24, 132};
+  EXPECT_FALSE(why_illegal(c, huge_k).empty());
+}
+
+TEST(Sm90Fp8Heuristic, ScaleRowsAndLayoutConstants) {
+  EXPECT_EQ(b_scale_rows(128), 1);
+  EXPECT_EQ(b_scale_rows(64), 1);
+  EXPECT_EQ(b_scale_rows(192), 2);
+  // m128n128 with 5 stages: 32 KB D + 5 x (16 + 16 + 0.5) KB + barriers.
+  EXPECT_EQ(smem_fixed_bytes(KernelKind::kGemm1d2d, 128, 128, 5), 32768 + 5 * 33280 + 256);
+  for (const Config& c : kernel_family()) EXPECT_LE(smem_fixed_bytes(c.kind, c.block_m, c.block_n, c.stages), kMaxSmemPerBlock);
+}
+
+}  // namespace
+}  // namespace fp8proj::sm90

@@ -29,7 +29,8 @@ enum class GemmKind : uint8_t { bf16, fp8_block };
 struct GemmPlanOptions {
   int64_t max_m = 32768;  // workspaces are sized for this many rows
   // Tuned configurations: (largest M of the bucket, backend-specific config name), sorted by
-  // M. Empty: the backend's own heuristic chooses.
+  // M. A call with M rows uses the first entry with M <= its bound; an entry named "" and an M
+  // above every bound leave the choice to the backend's heuristic. Empty: the heuristic always.
   std::vector<std::pair<int64_t, std::string>> config_by_m;
 };
 
@@ -79,6 +80,8 @@ std::vector<const GemmBackend*> available_backends();
 std::vector<std::pair<std::string, std::string>> backend_status();
 // nullptr if no usable backend has that name.
 const GemmBackend* find_backend(std::string_view name);
+// The same for one kind: cpu_reference is the name of a bf16 and an FP8 backend.
+const GemmBackend* find_backend(std::string_view name, GemmKind kind);
 // The default backend of a kind for a memory space and weight shape ("auto"), or nullptr.
 const GemmBackend* default_backend(GemmKind kind, MemorySpace space, int64_t n, int64_t k);
 

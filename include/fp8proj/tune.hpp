@@ -14,14 +14,16 @@ struct TunedBucket {
   int64_t m_lo = 0, m_hi = 0;   // the bucket covers m_lo <= M <= m_hi
   std::string fp8_backend;      // fastest FP8 candidate's backend ...
   std::string fp8_config;       // ... and its configuration ("" = backend's heuristic)
-  double bf16_us = 0;           // measured at the bucket's representative M
-  double fp8_us = 0;            // quantization included
+  double bf16_us = 0;           // geometric mean over the bucket's measured points (its edges
+  double fp8_us = 0;            // and geometric middle, tuner.hpp); FP8 quantization included
+  // The bucket's verdict, which policy `all` follows.
   bool fp8_wins() const { return fp8_us > 0 && fp8_us < bf16_us; }
 };
 
 struct TunedShape {
   int64_t n = 0, k = 0;
-  int64_t threshold = 512;      // FP8 when M > threshold (the measured crossover)
+  int64_t threshold = 512;      // FP8 when M > threshold (the measured crossover); INT64_MAX:
+                                // FP8 never won by the margin at the largest bucket
   std::vector<TunedBucket> buckets;
 
   const TunedBucket* bucket_for(int64_t m) const;

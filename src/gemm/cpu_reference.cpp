@@ -2,6 +2,8 @@
 // kinds, so a CPU-only build exercises the whole layer, gate included.
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "fp8proj/error.hpp"
 #include "fp8proj/gemm.hpp"
@@ -28,16 +30,24 @@ class CpuBf16Plan final : public Bf16GemmPlan {
 
 class CpuFp8Plan final : public Fp8GemmPlan {
  public:
-  CpuFp8Plan(const Fp8WeightView& w, int64_t max_m) : w_(w), max_m_(max_m) {}
+  CpuFp8Plan(const Fp8WeightView& w, const GemmPlanOptions& o) : w_(w), max_m_(o.max_m), config_by_m_(o.config_by_m) {}
   void run(const Fp8ActivationView& x, bf16* y, StreamHandle) override {
     check_gemm_fp8_args(x, w_.k, y, max_m_);
     cpu::gemm_fp8_block(x, w_, y);
   }
-  std::string describe(int64_t) const override { return "dequantize + fp32 sgemm (OpenBLAS)"; }
+  // The oracle has one algorithm; a tuned configuration passed to it is only reported, so that
+  // CPU tests can see what a table hands the plan for each M.
+  std::string describe(int64_t m) const override {
+    std::string d = "dequantize + fp32 sgemm (OpenBLAS)";
+    for (const auto& [m_hi, name] : config_by_m_)
+      if (m <= m_hi) return name.empty() ? d : d + "; tuned config '" + name + "' asked for, the reference has one";
+    return d;
+  }
 
  private:
   Fp8WeightView w_;
   int64_t max_m_;
+  std::vector<std::pair<int64_t, std::string>> config_by_m_;
 };
 
 class CpuReference final : public GemmBackend {
@@ -62,7 +72,7 @@ class CpuReference final : public GemmBackend {
     FP8PROJ_CHECK(w.values && w.scales, "FP8 weight has a null pointer");
     const std::string why = unsupported_reason(w.n, w.k);
     FP8PROJ_CHECK(why.empty(), "cpu_reference cannot run ", w.n, "x", w.k, ": ", why);
-    return std::make_unique<CpuFp8Plan>(w, o.max_m);
+    return std::make_unique<CpuFp8Plan>(w, o);
   }
 
  private:

@@ -39,6 +39,12 @@ const GemmBackend* find_backend(std::string_view name) {
   return nullptr;
 }
 
+const GemmBackend* find_backend(std::string_view name, GemmKind kind) {
+  for (const GemmBackend* b : available_backends())
+    if (b->name() == name && b->kind() == kind) return b;
+  return nullptr;
+}
+
 const GemmBackend* default_backend(GemmKind kind, MemorySpace space, int64_t n, int64_t k) {
   if (space == MemorySpace::host) return &cpu_reference_backend(kind);
   // Device preference: our kernel first, cuBLASLt's blockwise path as the fallback.

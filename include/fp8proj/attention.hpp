@@ -1,0 +1,68 @@
+// Attention for the MLA block, on the host (fp32 reference) and the device.
+//
+// Prefill: causal attention within each of B packed sequences (variable lengths).
+//   q   [T, H, d_qk] : [q_stride, d_qk, 1]   bf16   (T = total tokens; rows may be strided so
+//   k   [T, H, d_qk] : [k_stride, d_qk, 1]   bf16    q/k/v can be views into wider buffers)
+//   v   [T, H, d_v]  : [v_stride, d_v, 1]    bf16
+//   out [T, H, d_v]  : [H*d_v, d_v, 1]       bf16
+//   seq_offsets [B+1] int32, in the memory space of the tensors: sequence b is tokens
+//   [seq_offsets[b], seq_offsets[b+1]); token i of a sequence attends to tokens 0..i of it.
+//   scores = softmax_scale * q.k, softmax in fp32, output normalized in fp32, bf16 out.
+//
+// Decode (absorbed MLA): one query token per sequence attends to the latent KV cache.
+//   q_latent [B, H, kv_lora] bf16  (q_nope already multiplied by W_UK, so scores are taken
+//   q_rope   [B, H, d_rope]  bf16   directly against the cached latent c_kv)
+//   cache    [capacity, kv_lora + d_rope] bf16, row = [c_kv | k_rope] of one token (576 wide
+//            for DeepSeek-V3 / GLM-5: 512 + 64)
+//   cache_start [B], cache_len [B] int32 in the memory space of the tensors (read on the
+//            device, so a CUDA graph replays with new lengths): sequence b's tokens are cache
+//            rows [cache_start[b], cache_start[b] + cache_len[b]), len >= 1.
+//   out_latent [B, H, kv_lora] bf16 = softmax(scale * (q_latent.c_kv + q_rope.k_rope)) . c_kv
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "fp8proj/bf16.hpp"
+#include "fp8proj/tensor.hpp"
+
+namespace fp8proj {
+
+struct PrefillAttentionArgs {
+  const bf16* q = nullptr;
+  const bf16* k = nullptr;
+  const bf16* v = nullptr;
+  bf16* out = nullptr;
+  int64_t q_stride = 0, k_stride = 0, v_stride = 0;  // elements between tokens
+  const int32_t* seq_offsets = nullptr;
+  int num_seqs = 0;
+  int64_t total_tokens = 0;
+  int max_seqlen = 0;  // longest sequence (host-known; sizes the grid)
+  int heads = 0, d_qk = 0, d_v = 0;
+  float softmax_scale = 0;
+};
+
+struct DecodeAttentionArgs {
+  const bf16* q_latent = nullptr;
+  const bf16* q_rope = nullptr;
+  const bf16* cache = nullptr;
+  const int32_t* cache_start = nullptr;
+  const int32_t* cache_len = nullptr;
+  bf16* out_latent = nullptr;
+  int batch = 0, heads = 0, kv_lora = 0, d_rope = 0;
+  int max_cache_len = 0;  // upper bound of cache_len (host-known; sizes split-KV work)
+  float softmax_scale = 0;
+  // Split-KV scratch, device memory of decode_attention_workspace_bytes() bytes, 16-byte aligned:
+  // lets a small batch spread each sequence over several CTAs. nullptr: one CTA per (sequence,
+  // head group), correct but slower when batch x heads/64 is far below the SM count.
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+};
+
+void prefill_attention(MemorySpace space, const PrefillAttentionArgs& args, StreamHandle stream);
+void decode_attention(MemorySpace space, const DecodeAttentionArgs& args, StreamHandle stream);
+// Workspace that lets decode_attention split the KV length (depends on batch, heads,
+// max_cache_len and the GPU; 0 on the host). Size it once, outside CUDA-graph capture.
+size_t decode_attention_workspace_bytes(MemorySpace space, const DecodeAttentionArgs& args);
+
+}  // namespace fp8proj

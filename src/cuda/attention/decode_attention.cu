@@ -1,0 +1,306 @@
+// Absorbed-MLA decode attention on Hopper (sm_90a): one query token per sequence against the
+// latent KV cache, all heads of a 64-head group in one CTA so that each cache row is read once.
+//
+//   out[b, h, :] = sum_t softmax_t(scale * (q_latent[b, h, :] . c_kv[t] + q_rope[b, h, :] . k_rope[t]))
+//                  * c_kv[t]            over the cache rows t of sequence b
+//   which is attention with d_qk = 576 (Q = [q_latent | q_rope], K = the whole cache row) and
+//   d_v = 512 (V = the first 512 columns of the same row): K and V are one shared-memory tile.
+//
+// Layouts (shape : stride, elements), as in include/fp8proj/attention.hpp:
+//   q_latent [B, H, 512] : [H*512, 512, 1]   q_rope [B, H, 64] : [H*64, 64, 1]
+//   cache [capacity, 576] : [576, 1]  (row = [c_kv 512 | k_rope 64], 1152 B = 72 x 16 B)
+//   cache_start [B], cache_len [B] int32 on the device: read by the kernel (never by the host),
+//   so a captured CUDA graph replays correctly with new lengths.
+//   out_latent [B, H, 512] : [H*512, 512, 1]
+//   Split-KV scratch (workspace): partial O [B, H, splits, 512] fp32 (normalized by its own
+//   row sum), then partial LSE [B, H, splits] fp32 (log2 domain, in units of scale*log2(e)).
+//
+// Launch: grid (splits, ceil(H / 64), B), 256 threads = 2 warpgroups, 1 CTA per SM.
+//   - A CTA owns 64 heads (zero-padded past H) of one sequence and the 64-token blocks
+//     [split * per, (split + 1) * per) of it, per = ceil(ceil(len / 64) / splits), computed on
+//     the device from the actual length; an empty range writes LSE = -inf.
+//   - Both warpgroups compute the same S = Q.K^T (wgmma m64n64k16 x 36 k-steps, A = Q and
+//     B = the cache block, both from shared memory) and the same softmax, so they need no
+//     exchange beyond the pipeline barrier; warpgroup w then accumulates output columns
+//     [256 w, 256 w + 256) with wgmma m64n256k16 (A = P from registers, B = the cache block
+//     read N-major). The duplicated S costs 4.7 MFLOP per block on top of 8.9 (+50%), in return
+//     for no P hand-off through shared memory and no extra barrier; a 64-token block is 72 KB of
+//     cache, about 3600 SM cycles at the HBM rate per SM (4.8 TB/s / 132), and the tensor work,
+//     13.6 MFLOP, is about 3300 cycles at the dense peak: roughly balanced.
+//   - cp.async double buffering, 64 tokens per stage: Q 72 KB + 2 x 72 KB = 216 KB of shared
+//     memory (a third stage does not fit in 227 KB). Registers per thread: O 64x256 fp32 / 128
+//     = 128, S 32, P 16.
+//   - splits > 1 when batch x head groups leaves SMs idle (host heuristic, fixed at capture);
+//     decode_combine_kernel then merges the splits of each (b, h) in split order (fixed order:
+//     the result does not depend on scheduling).
+//
+// Build check: nvcc -std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a -Xptxas -v -Iinclude
+//   -Isrc -c src/cuda/attention/decode_attention.cu  (CUDA 13.0: 0 bytes stack, no spills;
+//   208 registers for the attention kernel, 32 for the combine).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "cuda/attention/attention_kernels.hpp"
+#include "cuda/attention/sm90_attention_common.cuh"
+#include "cuda/common/cuda_check.hpp"
+
+namespace fp8proj::gpu {
+namespace attn {
+namespace {
+
+constexpr int kLora = kDecodeKvLora, kRope = kDecodeRope;
+constexpr int kDqk = kLora + kRope;  // 576: 9 swizzle panels
+constexpr int kDvPerWg = kLora / 2;  // 256 output columns per warpgroup
+constexpr int kHeads = kDecodeHeadsPerCta;
+constexpr int kBlockN = 64;
+constexpr int kThreads = 2 * kWarpgroupThreads;
+constexpr int kTileBytes = kBlockN * kDqk * 2;  // 73728, Q (64 heads) and a cache block alike
+constexpr int kPanelBytes = kBlockN * 128;      // one 64-column panel of a 64-row tile
+constexpr int kStages = 2;
+constexpr int kOutPitch = kLora * 2 + 16;  // 1040 B = 260 words: rows 4 banks apart
+constexpr int kSmemBytes = (1 + kStages) * kTileBytes;
+// At least this many 64-token blocks per split: a split re-reads Q (72 KB, from L2) and pays the
+// pipeline fill once, so a one-block split would spend as much on set-up as on work.
+constexpr int kMinBlocksPerSplit = 2;
+
+static_assert(kHeads == 64, "one wgmma M extent of heads per CTA");
+static_assert(kDqk % 64 == 0 && kLora % 128 == 0, "the cache row is whole 64-column panels");
+static_assert(kSmemBytes <= kSmemLimitBytes, "Q and two cache blocks must fit in 227 KB");
+static_assert(kHeads * kOutPitch <= kSmemBytes, "the output staging area reuses the tiles");
+
+struct DecodeParams {
+  const bf16* q_latent;
+  const bf16* q_rope;
+  const bf16* cache;
+  const int32_t* cache_start;
+  const int32_t* cache_len;
+  bf16* out;
+  float* part_o;    // splits > 1 only
+  float* part_lse;  // splits > 1 only
+  int heads;
+  int splits;
+  float scale_log2;
+};
+
+__global__ void __launch_bounds__(kThreads, 1) decode_attention_sm90_kernel(const DecodeParams p) {
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw_addr = smem_addr(smem_raw);
+  const uint32_t base = (raw_addr + 1023u) & ~1023u;
+  uint8_t* smem = smem_raw + (base - raw_addr);
+  const uint32_t q_tile = base;
+  auto kv_tile = [&](int stage) { return base + (1 + stage) * kTileBytes; };
+
+  const int split = blockIdx.x, head0 = blockIdx.y * kHeads, b = blockIdx.z;
+  const int tid = threadIdx.x, wg = tid / kWarpgroupThreads, wg_tid = tid % kWarpgroupThreads;
+  const int start = p.cache_start[b], len = p.cache_len[b];
+  const int nb = len > 0 ? (len + kBlockN - 1) / kBlockN : 0;
+  const int per = (nb + p.splits - 1) / p.splits;
+  const int blk0 = split * per, blk1 = min(nb, blk0 + per);
+  const int valid_heads = min(kHeads, p.heads - head0);
+  const int64_t bh0 = static_cast<int64_t>(b) * p.heads + head0;
+
+  if (blk0 >= blk1) {
+    if (p.splits > 1) {
+      if (tid < valid_heads) p.part_lse[(bh0 + tid) * p.splits + split] = -INFINITY;
+    } else {  // len <= 0: an empty softmax; define the output as zeros rather than 0/0
+      for (int idx = tid; idx < valid_heads * (kLora / 8); idx += kThreads)
+        *reinterpret_cast<uint4*>(p.out + bh0 * kLora + idx * 8) = make_uint4(0, 0, 0, 0);
+    }
+    return;
+  }
+
+  // Q = [q_latent | q_rope] of the group's heads: panels 0..7 from q_latent, panel 8 from q_rope
+  // (the mapping of load_tile); rows past H are zero.
+  {
+    constexpr int kRowsPerStep = kThreads / 8;
+    const int u = tid % 8, r0 = tid / 8;
+    const uint32_t dst0 = q_tile + r0 * 128 + ((u ^ (r0 & 7)) << 4);
+#pragma unroll
+    for (int j = 0; j < kHeads / kRowsPerStep; ++j) {
+      const int r = r0 + j * kRowsPerStep;
+      const bool valid = r < valid_heads;
+      const bf16* lat = p.q_latent + (bh0 + r) * kLora + u * 8;
+      const bf16* rope = p.q_rope + (bh0 + r) * kRope + u * 8;
+#pragma unroll
+      for (int panel = 0; panel < kDqk / 64; ++panel)
+        cp_async_16(dst0 + panel * kPanelBytes + j * (kRowsPerStep * 128),
+                    !valid ? p.q_latent : panel < kLora / 64 ? lat + panel * 64 : rope, valid ? 16 : 0);
+    }
+  }
+  const bf16* kv = p.cache + static_cast<int64_t>(start) * kDqk;
+  auto load_block = [&](int n) {
+    load_tile<kBlockN, kDqk, kThreads>(kv_tile((n - blk0) % kStages), kv + static_cast<int64_t>(n) * kBlockN * kDqk,
+                                       kDqk, len - n * kBlockN, tid);
+  };
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (blk0 + s < blk1) load_block(blk0 + s);
+    cp_async_commit();
+  }
+
+  float o[kDvPerWg / 2];
+#pragma unroll
+  for (int i = 0; i < kDvPerWg / 2; ++i) o[i] = 0.0f;
+  SoftmaxRows rows;
+  const int col_base = 2 * (wg_tid % 4);
+  // Descriptors of Q and of stage 0 (this warpgroup's V panels for P.V); k-steps and stages are
+  // immediate offsets from these.
+  const uint64_t q_desc = desc_kmajor(q_tile);
+  const uint64_t k_desc0 = desc_kmajor(kv_tile(0));
+  const uint64_t v_desc0 = desc_nmajor(kv_tile(0) + wg * 4 * kPanelBytes, kPanelBytes);
+
+  for (int n = blk0; n < blk1; ++n) {
+    cp_async_wait<kStages - 2>();
+    fence_proxy_async();
+    __syncthreads();  // block n visible; both warpgroups are done with the stage reloaded next
+    if (n + kStages - 1 < blk1) load_block(n + kStages - 1);
+    cp_async_commit();
+    const uint32_t stage_off = ((n - blk0) % kStages) * kTileBytes;
+    const uint64_t k_desc = desc_advance(k_desc0, stage_off), v_desc = desc_advance(v_desc0, stage_off);
+
+    float s[kBlockN / 2];
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kDqk / 16; ++kk) {
+      const uint32_t off = (kk / 4) * kPanelBytes + (kk % 4) * 32;  // Q and the block share the shape
+      WgmmaSS<kBlockN>::mma(desc_advance(q_desc, off), desc_advance(k_desc, off), s, kk > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    reg_fence(s);
+
+    if ((n + 1) * kBlockN > len) {  // only the sequence's last block is partial
+#pragma unroll
+      for (int i = 0; i < kBlockN / 8; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int c = 0; c < 2; ++c)
+            if (n * kBlockN + 8 * i + col_base + c >= len) s[4 * i + 2 * h + c] = -INFINITY;
+    }
+
+    uint32_t pf[kBlockN / 4];
+    online_softmax<kBlockN, kDvPerWg / 2>(s, o, rows, p.scale_log2, pf);
+
+    reg_fence(o);
+    reg_fence(pf);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      const uint32_t a[4] = {pf[4 * kk], pf[4 * kk + 1], pf[4 * kk + 2], pf[4 * kk + 3]};
+      // Columns [256 wg, 256 wg + 256) of c_kv are panels 4 wg .. 4 wg + 3 of the block.
+      WgmmaRSTransB<kDvPerWg>::mma(a, desc_advance(v_desc, kk * 16 * 128), o, 1);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    reg_fence(o);
+  }
+
+  finish_rows(rows);
+  const float inv_l[2] = {1.0f / rows.l[0], 1.0f / rows.l[1]};  // l >= 1: the row maximum adds 1
+  if (p.splits == 1) {
+    cp_async_wait<0>();
+    __syncthreads();  // both warpgroups are done with the tiles the staging area overwrites
+    stage_tile_bf16<kDvPerWg>(smem, kOutPitch, wg * kDvPerWg, o, inv_l, wg_tid);
+    __syncthreads();
+    store_staged_rows<kHeads, kLora, kThreads>(smem, kOutPitch, p.out + bh0 * kLora, kLora, valid_heads, tid);
+    return;
+  }
+  // Partial result of this split: fp32 rows normalized by their own sum, plus log2 of that sum.
+  const int warp = wg_tid / 32, g = (wg_tid % 32) / 4;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = 16 * warp + g + 8 * h;
+    if (row >= valid_heads) continue;
+    float* dst = p.part_o + ((bh0 + row) * p.splits + split) * kLora + wg * kDvPerWg;
+#pragma unroll
+    for (int i = 0; i < kDvPerWg / 8; ++i)
+      *reinterpret_cast<float2*>(dst + 8 * i + col_base) =
+          make_float2(o[4 * i + 2 * h] * inv_l[h], o[4 * i + 2 * h + 1] * inv_l[h]);
+    if (wg == 0 && col_base == 0) p.part_lse[(bh0 + row) * p.splits + split] = rows.m[h] + log2f(rows.l[h]);
+  }
+}
+
+// Merges the splits of one (b, h): out = sum_s w_s O_s / sum_s w_s, w_s = 2^(lse_s - max lse),
+// in split order. 128 threads x 4 columns = the 512 latent columns.
+__global__ void __launch_bounds__(128) decode_combine_kernel(const float* part_o, const float* part_lse, bf16* out,
+                                                             int splits) {
+  const int64_t bh = blockIdx.x;
+  const float* lse = part_lse + bh * splits;
+  float mx = -INFINITY;
+  for (int s = 0; s < splits; ++s) mx = fmaxf(mx, lse[s]);
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  float wsum = 0.0f;
+  if (mx != -INFINITY) {
+    for (int s = 0; s < splits; ++s) {
+      const float l = lse[s];
+      if (l == -INFINITY) continue;  // an empty split wrote no O: never read it
+      const float w = exp2f(l - mx);
+      const float4 x = reinterpret_cast<const float4*>(part_o + (bh * splits + s) * kLora)[threadIdx.x];
+      wsum += w;
+      acc.x += w * x.x;
+      acc.y += w * x.y;
+      acc.z += w * x.z;
+      acc.w += w * x.w;
+    }
+  }
+  const float inv = wsum > 0.0f ? 1.0f / wsum : 0.0f;
+  const uint2 packed = make_uint2(pack_bf16x2(acc.x * inv, acc.y * inv), pack_bf16x2(acc.z * inv, acc.w * inv));
+  reinterpret_cast<uint2*>(out + bh * kLora)[threadIdx.x] = packed;
+}
+
+}  // namespace
+}  // namespace attn
+
+size_t decode_attention_workspace_bytes_for(const DecodeAttentionArgs& a, int splits) {
+  if (splits <= 1) return 0;
+  const size_t rows = static_cast<size_t>(a.batch) * static_cast<size_t>(a.heads) * static_cast<size_t>(splits);
+  return rows * (kDecodeKvLora + 1) * sizeof(float);
+}
+
+int decode_attention_splits(const DecodeAttentionArgs& a, int sm_count, size_t workspace_bytes) {
+  const int64_t groups = static_cast<int64_t>(a.batch) * ((a.heads + kDecodeHeadsPerCta - 1) / kDecodeHeadsPerCta);
+  const int64_t blocks = (std::max(a.max_cache_len, 1) + 63) / 64;
+  if (groups <= 0 || groups >= sm_count) return 1;
+  // floor, not ceil: CTAs <= SMs keeps the launch in one wave (1 CTA per SM).
+  int64_t splits = std::min<int64_t>(sm_count / groups, blocks / attn::kMinBlocksPerSplit);
+  splits = std::max<int64_t>(splits, 1);
+  while (splits > 1 && decode_attention_workspace_bytes_for(a, static_cast<int>(splits)) > workspace_bytes) --splits;
+  return static_cast<int>(splits);
+}
+
+void launch_decode_attention(const DecodeAttentionArgs& a, int splits, StreamHandle stream) {
+  const auto s = static_cast<cudaStream_t>(stream);
+  constexpr int kSmem = attn::kSmemBytes + 1024;  // + the alignment slack of the dynamic base
+  CUDA_CHECK(cudaFuncSetAttribute(attn::decode_attention_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  kSmem));
+  attn::DecodeParams p{};
+  p.q_latent = a.q_latent;
+  p.q_rope = a.q_rope;
+  p.cache = a.cache;
+  p.cache_start = a.cache_start;
+  p.cache_len = a.cache_len;
+  p.out = a.out_latent;
+  p.heads = a.heads;
+  p.splits = splits;
+  p.scale_log2 = static_cast<float>(a.softmax_scale * 1.4426950408889634);
+  if (splits > 1) {
+    const size_t rows = static_cast<size_t>(a.batch) * a.heads * splits;
+    p.part_o = static_cast<float*>(a.workspace);
+    p.part_lse = p.part_o + rows * kDecodeKvLora;
+  }
+  const dim3 grid(static_cast<unsigned>(splits),
+                  static_cast<unsigned>((a.heads + kDecodeHeadsPerCta - 1) / kDecodeHeadsPerCta),
+                  static_cast<unsigned>(a.batch));
+  attn::decode_attention_sm90_kernel<<<grid, attn::kThreads, kSmem, s>>>(p);
+  CUDA_CHECK_LAUNCH();
+  if (splits > 1) {
+    attn::decode_combine_kernel<<<static_cast<unsigned>(static_cast<int64_t>(a.batch) * a.heads), 128, 0, s>>>(
+        p.part_o, p.part_lse, a.out_latent, splits);
+    CUDA_CHECK_LAUNCH();
+  }
+}
+
+}  // namespace fp8proj::gpu

@@ -1,0 +1,56 @@
+// MlaDecodeGraph (include/fp8proj/mla.hpp): one decode step of an MLA block captured in a CUDA
+// graph on a private stream and replayed on any stream. The step reads positions and cache
+// starts from device arrays, so a replay after the caller updates them decodes the next token
+// without re-capturing.
+#include <cuda_runtime.h>
+
+#include "cuda/common/cuda_check.hpp"
+#include "fp8proj/error.hpp"
+#include "fp8proj/mla.hpp"
+
+namespace fp8proj {
+
+struct MlaDecodeGraph::Impl {
+  cudaStream_t stream = nullptr;
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  ~Impl() {
+    if (exec) cudaGraphExecDestroy(exec);
+    if (graph) cudaGraphDestroy(graph);
+    if (stream) cudaStreamDestroy(stream);
+  }
+};
+
+MlaDecodeGraph::MlaDecodeGraph(MlaBlock& block, const bf16* x, const MlaDecodeBatch& batch, bf16* y)
+    : impl_(std::make_unique<Impl>()) {
+  FP8PROJ_CHECK(block.space() == MemorySpace::device, block.options().name,
+                ": MlaDecodeGraph captures device work; this block lives on the host");
+  FP8PROJ_CHECK(batch.batch > 0, block.options().name, ": MlaDecodeGraph needs a batch of at least one sequence");
+  Impl& s = *impl_;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
+  // One eager step first: anything a backend sets up lazily on its first call for this M
+  // happens outside the capture. It writes the same cache rows the graph will.
+  block.decode(x, batch, y, s.stream);
+  CUDA_CHECK(cudaStreamSynchronize(s.stream));
+  // Thread-local mode: an allocation or synchronisation on this thread during the capture is
+  // an error (it would not be replayed), other threads are not affected.
+  CUDA_CHECK(cudaStreamBeginCapture(s.stream, cudaStreamCaptureModeThreadLocal));
+  try {
+    block.decode(x, batch, y, s.stream);
+  } catch (...) {
+    cudaGraph_t broken = nullptr;
+    cudaStreamEndCapture(s.stream, &broken);
+    if (broken) cudaGraphDestroy(broken);
+    throw;
+  }
+  CUDA_CHECK(cudaStreamEndCapture(s.stream, &s.graph));
+  CUDA_CHECK(cudaGraphInstantiate(&s.exec, s.graph, 0));
+}
+
+MlaDecodeGraph::~MlaDecodeGraph() = default;
+
+void MlaDecodeGraph::replay(StreamHandle stream) {
+  CUDA_CHECK(cudaGraphLaunch(impl_->exec, static_cast<cudaStream_t>(stream)));
+}
+
+}  // namespace fp8proj

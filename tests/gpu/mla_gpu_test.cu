@@ -1,0 +1,437 @@
+// The MLA block on the GPU against its CPU reference (the host block: same stages, same
+// roundings, so the two differ by GEMM and attention summation order only):
+//   - the small kernels on their own: RoPE / cache / key assembly (bit-exact but for a rare
+//     one-ulp cos/sin difference), the absorbed per-head projections, the strided RMSNorm;
+//   - prefill and decode, flag off and on, odd sequence lengths, two head shapes
+//     (DeepSeek-V3's 192/128 and GLM-5's 256/256), the latent cache included;
+//   - decode with the flag on under the prefill policy is bit-identical to the flag off;
+//   - a decode step captured in a CUDA graph and replayed with new positions equals eager.
+// Every test skips, with the reason, where there is no GPU.
+#include <gtest/gtest.h>
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "fp8proj/error.hpp"
+#include "fp8proj/mla.hpp"
+#include "fp8proj/ops.hpp"
+#include "fp8proj/quantize.hpp"
+#include "gpu_test_util.hpp"
+#include "mla/mla_ops.hpp"
+
+namespace fp8proj {
+namespace {
+
+using testing::GpuTest;
+using testing::poisoned;
+using testing::to_device;
+using testing::to_host;
+
+std::vector<bf16> normal_bf16(size_t n, uint32_t seed, float stddev) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, stddev);
+  std::vector<bf16> v(n);
+  for (auto& x : v) x = float_to_bf16(d(rng));
+  return v;
+}
+
+double rel_error(const std::vector<bf16>& got, const std::vector<bf16>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double g = bf16_to_float(got[i]), r = bf16_to_float(ref[i]);
+    num += (g - r) * (g - r);
+    den += r * r;
+  }
+  return std::sqrt(num / den);
+}
+
+int64_t non_finite(const std::vector<bf16>& v) {
+  int64_t n = 0;
+  for (const bf16 x : v) n += std::isfinite(bf16_to_float(x)) ? 0 : 1;
+  return n;
+}
+
+class CudaStream {
+ public:
+  CudaStream() { EXPECT_EQ(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking), cudaSuccess); }
+  ~CudaStream() { cudaStreamDestroy(s_); }
+  StreamHandle handle() const { return s_; }
+  void sync() const { ASSERT_EQ(cudaStreamSynchronize(s_), cudaSuccess); }
+
+ private:
+  cudaStream_t s_ = nullptr;
+};
+
+// Head shapes the device attention kernels are built for: (d_qk, d_v) = (192, 128) as
+// DeepSeek-V3, (256, 256) as GLM-5; the decode kernel needs kv_lora 512 and rope 64.
+// Projections stay 128-aligned where the real ones are: q_b_proj N = heads x d_qk, o_proj
+// K = heads x v; fused_qkv_a (q_lora + 576 rows) is not.
+MlaConfig gpu_config(bool glm_like) {
+  MlaConfig c;
+  c.model = glm_like ? "glm-like" : "dsv3-like";
+  c.hidden = 512;
+  c.heads = glm_like ? 2 : 4;
+  c.q_lora_rank = 256;
+  c.kv_lora_rank = 512;
+  c.qk_nope_dim = glm_like ? 192 : 128;
+  c.qk_rope_dim = 64;
+  c.v_head_dim = glm_like ? 256 : 128;
+  c.rope_theta = glm_like ? 1e6 : 1e4;
+  if (!glm_like) c.yarn = YarnScaling{40.0, 4096, 32.0, 1.0, 1.0, 1.0};
+  c.rms_norm_eps = glm_like ? 1e-5f : 1e-6f;
+  return c;
+}
+
+struct HostTensors {
+  std::vector<bf16> q_a, q_a_norm, q_b, kv_a, kv_a_norm, kv_b, o;
+  MlaHostWeights view() const {
+    return {q_a.data(), q_a_norm.data(), q_b.data(), kv_a.data(), kv_a_norm.data(), kv_b.data(), o.data()};
+  }
+};
+
+std::vector<bf16> near_one(size_t n, uint32_t seed) {
+  auto v = normal_bf16(n, seed, 0.1f);
+  for (auto& x : v) x = float_to_bf16(1.0f + bf16_to_float(x));
+  return v;
+}
+
+// Scales as MlaBlock's random init (N(0, 0.02^2) projections), so activations stay O(1).
+HostTensors make_tensors(const MlaConfig& c, uint32_t seed) {
+  HostTensors t;
+  t.q_a = normal_bf16(c.q_lora_rank * c.hidden, seed + 1, 0.044f);
+  t.q_a_norm = near_one(c.q_lora_rank, seed + 2);
+  t.q_b = normal_bf16(int64_t{c.heads} * c.qk_head_dim() * c.q_lora_rank, seed + 3, 0.0625f);
+  t.kv_a = normal_bf16((c.kv_lora_rank + c.qk_rope_dim) * c.hidden, seed + 4, 0.044f);
+  t.kv_a_norm = near_one(c.kv_lora_rank, seed + 5);
+  t.kv_b = normal_bf16(int64_t{c.heads} * (c.qk_nope_dim + c.v_head_dim) * c.kv_lora_rank, seed + 6, 0.044f);
+  t.o = normal_bf16(c.hidden * c.heads * c.v_head_dim, seed + 7, 0.06f);
+  return t;
+}
+
+// flag on: FP8 for the tagged projections at every M (threshold and decode ceiling 0), so
+// decode exercises the FP8 path too; the gate itself is tested elsewhere.
+MlaOptions options(bool fp8) {
+  MlaOptions o;
+  o.tagged.fp8 = fp8;
+  o.tagged.apply_env = false;
+  o.tagged.threshold = 0;
+  o.tagged.decode_ceiling = 0;
+  o.max_tokens = 512;
+  o.max_batch = 8;
+  o.cache_capacity = 2048;
+  return o;
+}
+
+// Packed sequences with odd lengths, each with its own cache region.
+struct Batch {
+  std::vector<int32_t> offsets, cache_start, lens;
+  int64_t tokens() const { return offsets.back(); }
+  int num_seqs() const { return static_cast<int>(lens.size()); }
+};
+Batch make_batch(std::vector<int32_t> lens) {
+  Batch b;
+  b.lens = lens;
+  b.offsets = {0};
+  for (size_t i = 0; i < lens.size(); ++i) {
+    b.offsets.push_back(b.offsets.back() + lens[i]);
+    b.cache_start.push_back(static_cast<int32_t>(400 * i + 3));  // odd starts: rows need no alignment
+  }
+  return b;
+}
+
+// ---- the small kernels -----------------------------------------------------------------------
+
+class MlaKernelsGpu : public GpuTest {};
+
+TEST_F(MlaKernelsGpu, StridedRmsNormBitExact) {
+  // q_a read straight out of fused_qkv_a's rows (GLM-5: 2048 of 2624 columns); c_kv at column
+  // offset 2048 (512 wide).
+  const int64_t m = 33, ld = 2624;
+  const auto x = normal_bf16(m * ld, 1, 2.0f);
+  const Buffer dx = to_device(x);
+  const QuantOps& dev = quant_ops(MemorySpace::device);
+  for (const auto& [col, k] : {std::pair<int64_t, int64_t>{0, 2048}, {2048, 512}}) {
+    const auto g = near_one(k, uint32_t(k));
+    const Buffer dg = to_device(g);
+    std::vector<bf16> ref(m * k);
+    cpu::rmsnorm(x.data() + col, ld, g.data(), 1e-5f, m, k, ref.data());
+    Buffer dy = poisoned(static_cast<size_t>(m * k) * 2);
+    dev.rmsnorm(dx.data<bf16>() + col, ld, dg.data<bf16>(), 1e-5f, m, k, dy.data<bf16>(), nullptr);
+    const auto got = to_host<bf16>(dy.data(), ref.size());
+    EXPECT_EQ(0, std::memcmp(got.data(), ref.data(), ref.size() * 2)) << "rmsnorm, column " << col;
+    HostFp8Activation qref = make_host_fp8_activation(m, k);
+    cpu::rmsnorm_quantize(x.data() + col, ld, g.data(), 1e-5f, m, k, qref.out());
+    Buffer qv = poisoned(static_cast<size_t>(m * k)), qs = poisoned(static_cast<size_t>(k / 128 * qref.scale_ld) * 4);
+    dev.rmsnorm_quantize(dx.data<bf16>() + col, ld, dg.data<bf16>(), 1e-5f, m, k,
+                         {qv.data<uint8_t>(), qs.data<float>(), m, k, qref.scale_ld}, nullptr);
+    EXPECT_EQ(to_host<uint8_t>(qv.data(), qref.values.size()), qref.values) << "rmsnorm+quant, column " << col;
+    const auto scales = to_host<float>(qs.data(), qref.scales.size());
+    for (int64_t g2 = 0; g2 < k / 128; ++g2)
+      for (int64_t r = 0; r < m; ++r)
+        ASSERT_EQ(scales[g2 * qref.scale_ld + r], qref.scales[g2 * qref.scale_ld + r]) << "scale " << g2 << "," << r;
+  }
+}
+
+TEST_F(MlaKernelsGpu, AbsorbedProjectionsMatchHost) {
+  // Both absorbed shapes of GLM-5 (q_nope . W_UK: k 192 -> n 512; out . W_UV^T: k 512 -> n 256)
+  // and odd row counts (one, a partial 16-row tile, more than one 64-row pass).
+  struct Case {
+    int rows, heads, n, k;
+  };
+  for (const Case cs : {Case{1, 3, 512, 192}, Case{17, 2, 256, 512}, Case{100, 3, 136, 64}}) {
+    const int64_t x_head = cs.k + 64, x_row = int64_t{cs.heads} * x_head;  // strided input, as q's nope part
+    const auto x = normal_bf16(cs.rows * x_row, 11, 1.0f), w = normal_bf16(int64_t{cs.heads} * cs.n * cs.k, 12, 0.05f);
+    std::vector<bf16> ref(int64_t{cs.rows} * cs.heads * cs.n);
+    mla::HeadGemmArgs a;
+    a.x = x.data();
+    a.x_row_stride = x_row;
+    a.x_head_stride = x_head;
+    a.w = w.data();
+    a.y = ref.data();
+    a.y_row_stride = int64_t{cs.heads} * cs.n;
+    a.y_head_stride = cs.n;
+    a.rows = cs.rows;
+    a.heads = cs.heads;
+    a.n = cs.n;
+    a.k = cs.k;
+    mla::mla_ops(MemorySpace::host).head_gemm(a, nullptr);
+    const Buffer dx = to_device(x), dw = to_device(w);
+    Buffer dy = poisoned(ref.size() * 2);
+    a.x = dx.data<bf16>();
+    a.w = dw.data<bf16>();
+    a.y = dy.data<bf16>();
+    mla::mla_ops(MemorySpace::device).head_gemm(a, nullptr);
+    const auto got = to_host<bf16>(dy.data(), ref.size());
+    EXPECT_EQ(non_finite(got), 0) << "rows " << cs.rows << ": an output was not written";
+    // fp32 accumulation in another order, then one bf16 rounding: <= 1 ulp apart, ~1e-3 RMS.
+    EXPECT_LT(rel_error(got, ref), 2e-3) << "rows " << cs.rows << " n " << cs.n << " k " << cs.k;
+  }
+}
+
+TEST_F(MlaKernelsGpu, RopeAndCacheMatchHost) {
+  const MlaConfig c = gpu_config(false);  // YaRN frequencies
+  const int H = c.heads, nope = c.qk_nope_dim, rope = c.qk_rope_dim, qk = nope + rope;
+  const int64_t kvl = c.kv_lora_rank, qkv_w = c.qkv_a_dim(), kv_w = int64_t{H} * (nope + c.v_head_dim);
+  const Batch b = make_batch({5, 1, 70});
+  const int64_t T = b.tokens(), cap = 1024, cw = kvl + rope;
+  const auto q = normal_bf16(T * H * qk, 21, 1.0f), qkv = normal_bf16(T * qkv_w, 22, 1.0f),
+             kvc = normal_bf16(T * kvl, 23, 1.0f), kv = normal_bf16(T * kv_w, 24, 1.0f);
+  const std::vector<float> freq = c.rope_inv_freq();
+
+  // Host.
+  std::vector<bf16> hq = q, hk(T * H * qk), hcache(cap * cw, bf16::from_bits(0));
+  mla::PrefillRopeArgs a;
+  a.dims = {H, nope, rope, kvl, freq.data(), c.rope_mscale()};
+  a.tokens = T;
+  a.num_seqs = b.num_seqs();
+  a.seq_offsets = b.offsets.data();
+  a.cache_start = b.cache_start.data();
+  a.q = hq.data();
+  a.q_stride = int64_t{H} * qk;
+  a.k_rope_raw = qkv.data() + c.q_lora_rank + kvl;
+  a.k_rope_stride = qkv_w;
+  a.kv_c = kvc.data();
+  a.kv = kv.data();
+  a.kv_stride = kv_w;
+  a.k = hk.data();
+  a.cache = hcache.data();
+  a.cache_capacity = cap;
+  mla::mla_ops(MemorySpace::host).prefill_rope(a, nullptr);
+
+  // Device.
+  const Buffer d_off = to_device(b.offsets), d_start = to_device(b.cache_start), d_freq = to_device(freq),
+               d_qkv = to_device(qkv), d_kvc = to_device(kvc), d_kv = to_device(kv);
+  Buffer d_q = to_device(q), d_k = poisoned(hk.size() * 2), d_cache = to_device(std::vector<bf16>(cap * cw));
+  a.dims.inv_freq = d_freq.data<float>();
+  a.seq_offsets = d_off.data<int32_t>();
+  a.cache_start = d_start.data<int32_t>();
+  a.q = d_q.data<bf16>();
+  a.k_rope_raw = d_qkv.data<bf16>() + c.q_lora_rank + kvl;
+  a.kv_c = d_kvc.data<bf16>();
+  a.kv = d_kv.data<bf16>();
+  a.k = d_k.data<bf16>();
+  a.cache = d_cache.data<bf16>();
+  mla::mla_ops(MemorySpace::device).prefill_rope(a, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+
+  // cos/sin come from double sincospi on the device and double cos/sin on the host: both round
+  // to the same fp32 value except within ~1e-11 of a rounding boundary, so a bf16 may
+  // (rarely) differ by one ulp. Everything copied must be identical.
+  auto compare = [](const std::vector<bf16>& got, const std::vector<bf16>& want, const char* what) {
+    int64_t diff = 0, big = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      if (got[i].bits == want[i].bits) continue;
+      ++diff;
+      if (std::abs(int(got[i].bits) - int(want[i].bits)) > 1) ++big;
+    }
+    EXPECT_EQ(big, 0) << what << ": elements more than one ulp apart";
+    EXPECT_LE(diff, int64_t(want.size() / 1000)) << what << ": too many one-ulp differences";
+  };
+  compare(to_host<bf16>(d_q.data(), hq.size()), hq, "q (roped in place)");
+  compare(to_host<bf16>(d_k.data(), hk.size()), hk, "k");
+  compare(to_host<bf16>(d_cache.data(), hcache.size()), hcache, "cache");
+}
+
+// ---- the block -----------------------------------------------------------------------------
+
+class MlaBlockGpu : public GpuTest, public ::testing::WithParamInterface<bool> {};
+
+std::string param_name(const ::testing::TestParamInfo<bool>& info) { return info.param ? "glm_like" : "dsv3_like"; }
+
+// Host and device blocks on the same weights: prefill then one decode step, flag off and on.
+TEST_P(MlaBlockGpu, PrefillAndDecodeMatchCpuReference) {
+  const MlaConfig c = gpu_config(GetParam());
+  const HostTensors t = make_tensors(c, 31);
+  const Batch b = make_batch({37, 1, 130, 63});  // odd lengths, T = 231
+  const int64_t T = b.tokens(), hidden = c.hidden, cw = c.cache_width();
+  const auto x = normal_bf16(T * hidden, 32, 1.0f), x_dec = normal_bf16(b.num_seqs() * hidden, 33, 1.0f);
+  const Buffer d_x = to_device(x), d_xdec = to_device(x_dec), d_off = to_device(b.offsets),
+               d_start = to_device(b.cache_start), d_pos = to_device(b.lens);
+  double err[2][3] = {};
+  for (bool fp8 : {false, true}) {
+    MlaBlock host(MemorySpace::host, c, t.view(), options(fp8));
+    MlaBlock dev(MemorySpace::device, c, t.view(), options(fp8));
+    ASSERT_EQ(dev.projection(MlaProjection::q_b_proj).path_for(T), fp8 ? Path::fp8 : Path::bf16)
+        << dev.explain(T).to_string();
+    ASSERT_EQ(dev.projection(MlaProjection::o_proj).path_for(4), fp8 ? Path::fp8 : Path::bf16);
+
+    std::vector<bf16> y_host(T * hidden);
+    host.prefill(x.data(), {b.num_seqs(), b.offsets.data(), b.cache_start.data(), nullptr}, y_host.data());
+    Buffer d_y = poisoned(y_host.size() * 2);
+    const CudaStream stream;
+    dev.prefill(d_x.data<bf16>(), {b.num_seqs(), d_off.data<int32_t>(), d_start.data<int32_t>(), b.offsets.data()},
+                d_y.data<bf16>(), stream.handle());
+    stream.sync();
+    const auto y_dev = to_host<bf16>(d_y.data(), y_host.size());
+    EXPECT_EQ(non_finite(y_dev), 0) << "prefill output has unwritten or non-finite elements";
+    err[fp8][0] = rel_error(y_dev, y_host);
+
+    // The latent cache rows of every prefilled token.
+    const auto cache_dev = to_host<bf16>(dev.cache(), static_cast<size_t>(dev.cache_capacity() * cw));
+    std::vector<bf16> rows_dev, rows_host;
+    for (int s = 0; s < b.num_seqs(); ++s)
+      for (int64_t i = 0; i < b.lens[s] * cw; ++i) {
+        rows_dev.push_back(cache_dev[b.cache_start[s] * cw + i]);
+        rows_host.push_back(host.cache()[b.cache_start[s] * cw + i]);
+      }
+    err[fp8][1] = rel_error(rows_dev, rows_host);
+
+    // One decode step per sequence at position len (after its prefill).
+    const MlaDecodeBatch hd{b.num_seqs(), b.lens.data(), b.cache_start.data(), 256};
+    std::vector<bf16> yd_host(b.num_seqs() * hidden);
+    host.decode(x_dec.data(), hd, yd_host.data());
+    Buffer d_yd = poisoned(yd_host.size() * 2);
+    dev.decode(d_xdec.data<bf16>(), {b.num_seqs(), d_pos.data<int32_t>(), d_start.data<int32_t>(), 256},
+               d_yd.data<bf16>(), stream.handle());
+    stream.sync();
+    const auto yd_dev = to_host<bf16>(d_yd.data(), yd_host.size());
+    EXPECT_EQ(non_finite(yd_dev), 0) << "decode output has unwritten or non-finite elements";
+    err[fp8][2] = rel_error(yd_dev, yd_host);
+  }
+  std::printf("%s GPU vs CPU reference, relative error  prefill / cache / decode:\n"
+              "  flag off  %.2e / %.2e / %.2e\n  flag on   %.2e / %.2e / %.2e\n",
+              c.model.c_str(), err[0][0], err[0][1], err[0][2], err[1][0], err[1][1], err[1][2]);
+  // Flag off: the same bf16 roundings on both sides; the GEMMs sum in another order (fp32),
+  // which moves an intermediate by an ulp now and then, and the device attention rounds the
+  // softmax weights to bf16 before the P.V product (2^-9 relative each) where the host keeps
+  // fp64: the output's own bf16 rounding (~1.1e-3 RMS) plus a few of those. Bound: 1e-2.
+  EXPECT_LT(err[0][0], 1e-2);
+  EXPECT_LT(err[0][1], 2e-3);  // the cache is one GEMM and two roundings from x: no attention
+  EXPECT_LT(err[0][2], 1e-2);
+  // Flag on: both sides quantize q_a and o_proj's input with the same bit-exact quantizers, but
+  // inputs that differ by those ulps can land in different e4m3 codes (a step is 1/16 to 1/8
+  // relative): bounded by the FP8 quantization error itself (~4e-2 against fp64 on the host).
+  EXPECT_LT(err[1][0], 4e-2);
+  EXPECT_LT(err[1][1], 2e-3);  // fused_qkv_a stays bf16: the cache does not see FP8
+  EXPECT_LT(err[1][2], 4e-2);
+}
+
+// The DESIGN's promise for decode: with the flag on and the prefill policy, a decode-sized
+// batch takes exactly the bf16 path, so its output is bit-identical to the flag off.
+TEST_P(MlaBlockGpu, DecodeUnchangedByFlagUnderPrefillPolicy) {
+  const MlaConfig c = gpu_config(GetParam());
+  const HostTensors t = make_tensors(c, 41);
+  const Batch b = make_batch({9, 20});
+  const auto x = normal_bf16(b.tokens() * c.hidden, 42, 1.0f);
+  const Buffer d_x = to_device(x), d_off = to_device(b.offsets), d_start = to_device(b.cache_start),
+               d_pos = to_device(b.lens);
+  std::vector<bf16> out[2];
+  for (bool fp8 : {false, true}) {
+    MlaOptions o = options(fp8);
+    o.tagged.threshold.reset();
+    o.tagged.decode_ceiling = kDefaultDecodeCeiling;
+    MlaBlock dev(MemorySpace::device, c, t.view(), o);
+    EXPECT_EQ(dev.projection(MlaProjection::q_b_proj).path_for(2), Path::bf16);
+    Buffer d_y = poisoned(static_cast<size_t>(b.tokens() * c.hidden) * 2);
+    dev.prefill(d_x.data<bf16>(), {b.num_seqs(), d_off.data<int32_t>(), d_start.data<int32_t>(), b.offsets.data()},
+                d_y.data<bf16>());
+    dev.decode(d_x.data<bf16>(), {b.num_seqs(), d_pos.data<int32_t>(), d_start.data<int32_t>(), 64},
+               d_y.data<bf16>());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    out[fp8] = to_host<bf16>(d_y.data(), static_cast<size_t>(b.num_seqs() * c.hidden));
+  }
+  EXPECT_EQ(0, std::memcmp(out[0].data(), out[1].data(), out[0].size() * 2));
+}
+
+// A decode step captured once and replayed: the same output as eager, and replaying after the
+// positions (device array) and inputs change decodes the next token like eager does.
+TEST_P(MlaBlockGpu, DecodeGraphReplayEqualsEager) {
+  const MlaConfig c = gpu_config(GetParam());
+  const HostTensors t = make_tensors(c, 51);
+  const Batch b = make_batch({15, 3, 40});
+  const int B = b.num_seqs();
+  const int64_t hidden = c.hidden;
+  const auto x = normal_bf16(b.tokens() * hidden, 52, 1.0f), x1 = normal_bf16(B * hidden, 53, 1.0f),
+             x2 = normal_bf16(B * hidden, 54, 1.0f);
+  std::vector<int32_t> pos2 = b.lens;
+  for (auto& p : pos2) p += 1;
+  const Buffer d_x = to_device(x), d_off = to_device(b.offsets), d_start = to_device(b.cache_start);
+  Buffer d_pos = to_device(b.lens), d_in = to_device(x1);
+  for (bool fp8 : {false, true}) {
+    MlaBlock dev(MemorySpace::device, c, t.view(), options(fp8));
+    Buffer d_prefill_y(MemorySpace::device, static_cast<size_t>(b.tokens() * hidden) * 2);
+    dev.prefill(d_x.data<bf16>(), {B, d_off.data<int32_t>(), d_start.data<int32_t>(), b.offsets.data()},
+                d_prefill_y.data<bf16>());
+    const MlaDecodeBatch batch{B, d_pos.data<int32_t>(), d_start.data<int32_t>(), 128};
+    copy_bytes(d_pos.data(), MemorySpace::device, b.lens.data(), MemorySpace::host, B * 4);
+    copy_bytes(d_in.data(), MemorySpace::device, x1.data(), MemorySpace::host, x1.size() * 2);
+    Buffer d_eager = poisoned(static_cast<size_t>(B * hidden) * 2), d_graph = poisoned(static_cast<size_t>(B * hidden) * 2);
+    dev.decode(d_in.data<bf16>(), batch, d_eager.data<bf16>());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const auto eager1 = to_host<bf16>(d_eager.data(), static_cast<size_t>(B * hidden));
+
+    MlaDecodeGraph graph(dev, d_in.data<bf16>(), batch, d_graph.data<bf16>());
+    fill_bytes(MemorySpace::device, d_graph.data(), d_graph.bytes(), 0xff);
+    const CudaStream stream;
+    graph.replay(stream.handle());
+    stream.sync();
+    const auto graph1 = to_host<bf16>(d_graph.data(), eager1.size());
+    EXPECT_EQ(non_finite(graph1), 0);
+    EXPECT_EQ(0, std::memcmp(graph1.data(), eager1.data(), eager1.size() * 2)) << "step 1, fp8=" << fp8;
+
+    // Next token: new positions and inputs in the same device buffers, no re-capture.
+    copy_bytes(d_pos.data(), MemorySpace::device, pos2.data(), MemorySpace::host, B * 4);
+    copy_bytes(d_in.data(), MemorySpace::device, x2.data(), MemorySpace::host, x2.size() * 2);
+    fill_bytes(MemorySpace::device, d_graph.data(), d_graph.bytes(), 0xff);
+    graph.replay(stream.handle());
+    stream.sync();
+    const auto graph2 = to_host<bf16>(d_graph.data(), eager1.size());
+    dev.decode(d_in.data<bf16>(), batch, d_eager.data<bf16>());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const auto eager2 = to_host<bf16>(d_eager.data(), eager1.size());
+    EXPECT_EQ(non_finite(graph2), 0);
+    EXPECT_EQ(0, std::memcmp(graph2.data(), eager2.data(), eager2.size() * 2)) << "step 2, fp8=" << fp8;
+    EXPECT_GT(rel_error(graph2, graph1), 0.05) << "step 2 should differ from step 1 (new token, new length)";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Heads, MlaBlockGpu, ::testing::Values(false, true), param_name);
+
+}  // namespace
+}  // namespace fp8proj

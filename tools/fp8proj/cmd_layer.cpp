@@ -1,0 +1,352 @@
+// fp8proj layer: the feature where it lives -- a whole MLA attention block (include/fp8proj/mla.hpp)
+// with the FP8 flag off and on.
+//   prefill: C sequences x L tokens (C = 4 .. 64, L = 1024 as in the reference design's serving
+//     tables): block time off / on and the speedup, the share of q_b_proj + o_proj in each (from
+//     per-stage events inside the block), the activation quantization passes timed on their own
+//     (o_proj's input through quantize_activation, q_a through the fused norm+quantize, against
+//     the plain norm the bf16 path runs) and their share of the FP8 block, attention TFLOP/s;
+//   decode: one step for C sequences at context L, captured in a CUDA graph and replayed, off
+//     and on (under the prefill policy the flag must not change it).
+// TP sizes run the per-rank work of rank 0 on one GPU (heads / tp local heads; o_proj's
+// partial output, no all-reduce). Timed as timing.hpp says: device events, L2 flushed before
+// every timed call, median of many. Without a GPU it runs the CPU reference at a tiny size
+// (DeepSeek-V2-Lite, one sequence of 64 tokens) and says so.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <memory>
+#include <optional>
+
+#include "commands.hpp"
+#include "common.hpp"
+#include "fp8proj/error.hpp"
+#include "fp8proj/mla.hpp"
+#include "fp8proj/ops.hpp"
+#include "fp8proj/projection.hpp"
+#include "fp8proj/timing.hpp"
+
+namespace fp8proj::cli {
+
+namespace {
+
+struct LayerArgs {
+  std::string model;
+  std::string tp;
+  std::string seqs;
+  int seqlen = 0;
+  std::string policy = "prefill";
+  int reps = 0;
+  bool no_flush = false;
+  bool no_decode = false;
+  bool cpu = false;
+  std::string csv, json, md;
+};
+
+struct PrefillRow {
+  std::string model;
+  int tp = 1, seqs = 0, seqlen = 0;
+  int64_t tokens = 0;
+  double off_us = 0, on_us = 0;
+  MlaStageTimes off_stages, on_stages;
+  double o_quant_us = 0, qa_normquant_us = 0, qa_norm_us = 0;
+  double attn_tflops = 0;
+  std::string q_path, o_path, fp8_backend;
+};
+
+struct DecodeRow {
+  std::string model;
+  int tp = 1, seqs = 0, context = 0;
+  double off_us = 0, on_us = 0;
+  std::string q_path, o_path;
+  bool graph = false;
+};
+
+// An int32 array in a memory space.
+Buffer int_array(MemorySpace space, const std::vector<int32_t>& v) {
+  Buffer b(space, std::max<size_t>(v.size(), 1) * sizeof(int32_t));
+  copy_bytes(b.data(), space, v.data(), MemorySpace::host, v.size() * sizeof(int32_t));
+  return b;
+}
+
+// Causal attention over C sequences of L tokens: 2 x H x (L (L + 1) / 2) x (d_qk + d_v) flops.
+double attention_flops(const MlaConfig& c, int seqs, int len) {
+  return 2.0 * c.local_heads() * seqs * (double(len) * (len + 1) / 2) * (c.qk_head_dim() + c.v_head_dim);
+}
+
+std::string pct(double part, double whole) { return whole > 0 ? fmt::format("{:.1f}%", 100 * part / whole) : "-"; }
+
+void run_layer(const LayerArgs& a) {
+  const MemorySpace space = choose_space(a.cpu);
+  const bool gpu = space == MemorySpace::device;
+  fmt::print("fp8proj layer -- {}\n", space_banner(space));
+  const std::string model = !a.model.empty() ? a.model : (gpu ? "glm5" : "deepseek-v2-lite");
+  const std::vector<int> tps = parse_int_list(!a.tp.empty() ? a.tp : (gpu ? "1,4" : "1"));
+  std::vector<int> seqs = parse_int_list(!a.seqs.empty() ? a.seqs : (gpu ? "4,8,16,32,64" : "1"));
+  std::sort(seqs.begin(), seqs.end());
+  const int L = a.seqlen > 0 ? a.seqlen : (gpu ? 1024 : 64);
+  FP8PROJ_CHECK(seqs.front() >= 1 && L >= 1, "--seqs and --seqlen must be positive");
+  if (!gpu)
+    fmt::print("No GPU: the CPU reference block at a tiny size ({}, {} x {} tokens); times say nothing about a "
+               "GPU, the tables show what the command reports.\n",
+               model, seqs.back(), L);
+  TimingOptions topt;
+  topt.reps = a.reps > 0 ? a.reps : (gpu ? 20 : 1);
+  topt.warmup = gpu ? 3 : 0;
+  topt.flush_l2 = gpu && !a.no_flush;
+  TimingOptions sopt = topt;  // the per-stage profile: fewer runs, the same rules
+  sopt.reps = std::max(1, std::min(topt.reps, 10));
+  fmt::print("timing: median of {} after {} warm-up, L2 {}; speedup = flag-off time / flag-on time\n", topt.reps,
+             topt.warmup, topt.flush_l2 ? "flushed before every timed call" : "not flushed");
+
+  const int c_max = seqs.back();
+  const int64_t t_max = int64_t{c_max} * L;
+  const int64_t stride = round_up(L + 1, 64);  // cache rows per sequence: the prefill + one decode token
+  std::vector<PrefillRow> prows;
+  std::vector<DecodeRow> drows;
+  for (int tp : tps) {
+    const MlaConfig cfg = MlaConfig::preset(model, tp, 0);
+    MlaOptions base;
+    base.name = model + ".layers.0.self_attn";
+    base.max_tokens = t_max;
+    base.max_batch = c_max;
+    base.cache_capacity = int64_t{c_max} * stride;
+    base.tagged.apply_env = false;  // the two blocks are exactly "off" and "on"
+    base.tagged.use_tune_table = true;
+    MlaOptions on_opt = base, off_opt = base;
+    on_opt.tagged.fp8 = true;
+    on_opt.tagged.policy = a.policy == "all" ? Fp8Policy::all : Fp8Policy::prefill;
+    off_opt.tagged.fp8 = false;
+    // One seed: both blocks hold the same weights.
+    MlaBlock off(space, cfg, 2024, off_opt);
+    MlaBlock on(space, cfg, 2024, on_opt);
+    const MlaMemory mem = on.memory();
+    fmt::print("\n== {} TP{} (rank 0: {} local heads; q_b_proj {}x{}, o_proj {}x{}; FP8 copies +{:.1f} MiB over "
+               "{:.1f} MiB of bf16 weights; workspace {:.1f} MiB)\n",
+               model, tp, cfg.local_heads(), cfg.q_dim(), cfg.q_in_dim(), cfg.hidden, cfg.o_in_dim(),
+               mem.fp8_copies / 1048576.0, mem.weights_bf16 / 1048576.0, mem.workspace / 1048576.0);
+    fmt::print("{}", on.explain(int64_t{seqs.front()} * L).to_string());
+
+    // Inputs sized for the largest batch; smaller batches use their first rows.
+    Tensor x = random_bf16(space, t_max, cfg.hidden, 7, 1.0f);
+    Tensor y = random_bf16(space, t_max, cfg.hidden, 8, 1.0f);
+    // Stand-ins for the activations the quantizers see inside the block: the attention output
+    // [T, H*v] (o_proj's input) and fused_qkv_a's output rows (q_a = their first q_lora columns).
+    Tensor attn = random_bf16(space, t_max, cfg.o_in_dim(), 9, 0.5f);
+    Tensor qkv = random_bf16(space, t_max, cfg.qkv_a_dim(), 10, 1.5f);
+    Tensor norm_w = random_bf16(space, 1, std::max<int64_t>(cfg.q_lora_rank, 8), 11, 0.1f);
+    // Quantizer outputs: o_proj's input (K = H*v) and q_b_proj's (K = q_lora, with bf16 rows for
+    // the plain norm of the bf16 path).
+    ActivationWorkspace ws_o(space, round_up(t_max, 4), round_up(std::max(cfg.o_in_dim(), cfg.hidden), 128), false);
+    ActivationWorkspace ws_q(space, round_up(t_max, 4), round_up(cfg.q_in_dim(), 128), true);
+    const QuantOps& ops = quant_ops(space);
+
+    fmt::print("\nprefill, C sequences x {} tokens (block time; q_b+o = share of q_b_proj + o_proj stages)\n", L);
+    fmt::print("  {:>4} {:>7} {:>10} {:>10} {:>8} {:>9} {:>9} {:>10} {:>10} {:>10} {:>8} {:>9}  {}\n", "C", "tokens",
+               "off ms", "on ms", "speedup", "q_b+o off", "q_b+o on", "o-quant us", "qa-nq us", "qa-norm us",
+               "quant %", "attn TF/s", "path q_b/o");
+    for (int c : seqs) {
+      const int64_t T = int64_t{c} * L;
+      std::vector<int32_t> offsets(c + 1), start(c), pos(c, L);
+      for (int b = 0; b <= c; ++b) offsets[b] = static_cast<int32_t>(int64_t{b} * L);
+      for (int b = 0; b < c; ++b) start[b] = static_cast<int32_t>(b * stride);
+      const Buffer d_off = int_array(space, offsets), d_start = int_array(space, start), d_pos = int_array(space, pos);
+      const MlaPrefillBatch batch{c, d_off.data<int32_t>(), d_start.data<int32_t>(), offsets.data()};
+
+      PrefillRow r;
+      r.model = model;
+      r.tp = tp;
+      r.seqs = c;
+      r.seqlen = L;
+      r.tokens = T;
+      r.q_path = to_string(on.projection(MlaProjection::q_b_proj).path_for(T));
+      r.o_path = to_string(on.projection(MlaProjection::o_proj).path_for(T));
+      r.fp8_backend = on.projection(MlaProjection::o_proj).explain(T).backend;
+      auto prefill_of = [&](MlaBlock& blk) {
+        return [&](StreamHandle s) { blk.prefill(x.data(), batch, y.data(), s); };
+      };
+      r.off_us = time_or_host(space, prefill_of(off), topt);
+      r.on_us = time_or_host(space, prefill_of(on), topt);
+      auto staged = [&](MlaBlock& blk) {
+        return [&](StreamHandle s, const MlaStageHook& h) { blk.prefill(x.data(), batch, y.data(), s, h); };
+      };
+      r.off_stages = profile_stages(space, staged(off), sopt);
+      r.on_stages = profile_stages(space, staged(on), sopt);
+      r.o_quant_us = time_or_host(
+          space, [&](StreamHandle s) { ops.quantize_activation(attn.data(), T, cfg.o_in_dim(), ws_o.fp8(T, cfg.o_in_dim()), s); },
+          topt);
+      if (cfg.has_q_lora()) {
+        const int64_t k = cfg.q_lora_rank;
+        r.qa_normquant_us = time_or_host(
+            space,
+            [&](StreamHandle s) {
+              ops.rmsnorm_quantize(qkv.data(), cfg.qkv_a_dim(), norm_w.data(), cfg.rms_norm_eps, T, k, ws_q.fp8(T, k), s);
+            },
+            topt);
+        r.qa_norm_us = time_or_host(
+            space,
+            [&](StreamHandle s) {
+              ops.rmsnorm(qkv.data(), cfg.qkv_a_dim(), norm_w.data(), cfg.rms_norm_eps, T, k, ws_q.bf16_rows(), s);
+            },
+            topt);
+      } else {  // no q LoRA: q_proj's input x goes through the plain quantizer
+        r.qa_normquant_us = time_or_host(
+            space, [&](StreamHandle s) { ops.quantize_activation(x.data(), T, cfg.hidden, ws_o.fp8(T, cfg.hidden), s); },
+            topt);
+      }
+      const double attn_us = r.on_stages.of(MlaStage::attention);
+      r.attn_tflops = attn_us > 0 ? attention_flops(cfg, c, L) / (attn_us * 1e-6) / 1e12 : 0;
+      const double qbo_off = r.off_stages.of(MlaStage::q_proj) + r.off_stages.of(MlaStage::o_proj);
+      const double qbo_on = r.on_stages.of(MlaStage::q_proj) + r.on_stages.of(MlaStage::o_proj);
+      const double quant = r.o_quant_us + r.qa_normquant_us;
+      fmt::print("  {:>4} {:>7} {:>10.3f} {:>10.3f} {:>8.3f} {:>9} {:>9} {:>10.1f} {:>10.1f} {:>10.1f} {:>8} {:>9.0f}  {}/{}\n",
+                 c, T, r.off_us / 1e3, r.on_us / 1e3, r.off_us / r.on_us, pct(qbo_off, r.off_stages.total_us),
+                 pct(qbo_on, r.on_stages.total_us), r.o_quant_us, r.qa_normquant_us, r.qa_norm_us,
+                 pct(quant, r.on_us), r.attn_tflops, r.q_path, r.o_path);
+      prows.push_back(std::move(r));
+
+      if (!a.no_decode) {
+        DecodeRow d;
+        d.model = model;
+        d.tp = tp;
+        d.seqs = c;
+        d.context = L + 1;
+        d.q_path = to_string(on.projection(MlaProjection::q_b_proj).path_for(c));
+        d.o_path = to_string(on.projection(MlaProjection::o_proj).path_for(c));
+        // The caches hold every sequence's L tokens (the prefills above); the step decodes token L.
+        const MlaDecodeBatch db{c, d_pos.data<int32_t>(), d_start.data<int32_t>(), L + 1};
+        if (gpu) {
+          MlaDecodeGraph g_off(off, x.data(), db, y.data());
+          MlaDecodeGraph g_on(on, x.data(), db, y.data());
+          d.off_us = time_device([&](StreamHandle s) { g_off.replay(s); }, nullptr, topt).median_us;
+          d.on_us = time_device([&](StreamHandle s) { g_on.replay(s); }, nullptr, topt).median_us;
+          d.graph = true;
+        } else {
+          d.off_us = time_host([&] { off.decode(x.data(), db, y.data()); }, topt).median_us;
+          d.on_us = time_host([&] { on.decode(x.data(), db, y.data()); }, topt).median_us;
+        }
+        drows.push_back(d);
+      }
+    }
+
+    fmt::print("\nprefill stages (ms; median per stage over {} runs, events between stages)\n", sopt.reps);
+    const std::vector<MlaStage> shown = {MlaStage::qkv_a,      MlaStage::q_proj,    MlaStage::kv_norm,
+                                         MlaStage::kv_b_proj,  MlaStage::rope_cache, MlaStage::attention,
+                                         MlaStage::o_proj};
+    std::string head = fmt::format("  {:>4} {:>4}", "C", "flag");
+    for (MlaStage s : shown) head += fmt::format(" {:>10}", to_string(s));
+    fmt::print("{} {:>10}\n", head, "total");
+    for (const PrefillRow& r : prows) {
+      if (r.tp != tp) continue;
+      for (int on_flag = 0; on_flag < 2; ++on_flag) {
+        const MlaStageTimes& st = on_flag ? r.on_stages : r.off_stages;
+        std::string line = fmt::format("  {:>4} {:>4}", r.seqs, on_flag ? "on" : "off");
+        for (MlaStage s : shown) line += fmt::format(" {:>10.3f}", st.of(s) / 1e3);
+        fmt::print("{} {:>10.3f}\n", line, st.total_us / 1e3);
+      }
+    }
+    if (!a.no_decode) {
+      fmt::print("\ndecode step, C sequences at context {} ({}; policy {})\n", L + 1,
+                 gpu ? "one CUDA graph replay" : "eager, CPU", a.policy);
+      fmt::print("  {:>4} {:>10} {:>10} {:>8}  {}\n", "C", "off us", "on us", "on/off", "path q_b/o (flag on)");
+      for (const DecodeRow& d : drows)
+        if (d.tp == tp)
+          fmt::print("  {:>4} {:>10.1f} {:>10.1f} {:>8.3f}  {}/{}\n", d.seqs, d.off_us, d.on_us, d.on_us / d.off_us,
+                     d.q_path, d.o_path);
+    }
+  }
+
+  if (!a.csv.empty()) {
+    std::string csv =
+        "kind,model,tp,seqs,seqlen,tokens,off_us,on_us,speedup,qb_o_share_off,qb_o_share_on,o_quant_us,"
+        "qa_normquant_us,qa_norm_us,attn_tflops,q_path,o_path,fp8_backend\n";
+    for (const PrefillRow& r : prows) {
+      const double so = r.off_stages.total_us, sn = r.on_stages.total_us;
+      csv += fmt::format("prefill,{},{},{},{},{},{:.3f},{:.3f},{:.4f},{:.4f},{:.4f},{:.3f},{:.3f},{:.3f},{:.1f},{},{},{}\n",
+                         r.model, r.tp, r.seqs, r.seqlen, r.tokens, r.off_us, r.on_us, r.off_us / r.on_us,
+                         so > 0 ? (r.off_stages.of(MlaStage::q_proj) + r.off_stages.of(MlaStage::o_proj)) / so : 0.0,
+                         sn > 0 ? (r.on_stages.of(MlaStage::q_proj) + r.on_stages.of(MlaStage::o_proj)) / sn : 0.0,
+                         r.o_quant_us, r.qa_normquant_us, r.qa_norm_us, r.attn_tflops, r.q_path, r.o_path,
+                         r.fp8_backend);
+    }
+    for (const DecodeRow& d : drows)
+      csv += fmt::format("decode,{},{},{},{},{},{:.3f},{:.3f},{:.4f},,,,,,,{},{},\n", d.model, d.tp, d.seqs, d.context,
+                         d.seqs, d.off_us, d.on_us, d.off_us / d.on_us, d.q_path, d.o_path);
+    write_text(a.csv, csv);
+  }
+  if (!a.json.empty()) {
+    nlohmann::json j;
+    j["stamp"] = result_stamp();
+    j["timing"] = {{"reps", topt.reps}, {"stage_reps", sopt.reps}, {"warmup", topt.warmup},
+                   {"l2_flush", topt.flush_l2}, {"statistic", "median"}};
+    j["space"] = gpu ? "device" : "host (CPU reference)";
+    j["policy"] = a.policy;
+    auto stages_json = [](const MlaStageTimes& st) {
+      nlohmann::json s = nlohmann::json::object();
+      for (size_t i = 0; i < st.stages.size(); ++i) s[to_string(st.stages[i])] = st.us[i];
+      s["total"] = st.total_us;
+      return s;
+    };
+    for (const PrefillRow& r : prows)
+      j["prefill"].push_back({{"model", r.model}, {"tp", r.tp}, {"seqs", r.seqs}, {"seqlen", r.seqlen},
+                              {"tokens", r.tokens}, {"off_us", r.off_us}, {"on_us", r.on_us},
+                              {"speedup", r.off_us / r.on_us}, {"stages_off_us", stages_json(r.off_stages)},
+                              {"stages_on_us", stages_json(r.on_stages)}, {"o_quant_us", r.o_quant_us},
+                              {"qa_normquant_us", r.qa_normquant_us}, {"qa_norm_us", r.qa_norm_us},
+                              {"attn_tflops", r.attn_tflops}, {"q_path", r.q_path}, {"o_path", r.o_path},
+                              {"fp8_backend", r.fp8_backend}});
+    for (const DecodeRow& d : drows)
+      j["decode"].push_back({{"model", d.model}, {"tp", d.tp}, {"seqs", d.seqs}, {"context", d.context},
+                             {"off_us", d.off_us}, {"on_us", d.on_us}, {"cuda_graph", d.graph},
+                             {"q_path", d.q_path}, {"o_path", d.o_path}});
+    write_text(a.json, j.dump(1) + "\n");
+  }
+  if (!a.md.empty()) {
+    const nlohmann::json st = result_stamp();
+    std::string md = fmt::format("# MLA block, {} ({}), flag off vs on\n\n{} {} ({} SMs), CUDA runtime {}, cuBLASLt {}, "
+                                 "fp8proj {}, {}. Median of {} runs, L2 flushed: {}.\n\n",
+                                 model, gpu ? "GPU" : "CPU reference", st["gpu"].get<std::string>(),
+                                 st["arch"].get<std::string>(), st["sm_count"].get<int>(),
+                                 st["cuda_runtime"].get<std::string>(), st["cublaslt"].get<std::string>(),
+                                 st["fp8proj"].get<std::string>(), st["time_utc"].get<std::string>(), topt.reps,
+                                 topt.flush_l2 ? "yes" : "no");
+    md += "| TP | C x L | off ms | on ms | speedup | q_b+o share off | q_b+o share on | act. quant % of on | attn TF/s |\n";
+    md += "|---|---|---|---|---|---|---|---|---|\n";
+    for (const PrefillRow& r : prows)
+      md += fmt::format("| {} | {} x {} | {:.3f} | {:.3f} | {:.2f} | {} | {} | {} | {:.0f} |\n", r.tp, r.seqs, r.seqlen,
+                        r.off_us / 1e3, r.on_us / 1e3, r.off_us / r.on_us,
+                        pct(r.off_stages.of(MlaStage::q_proj) + r.off_stages.of(MlaStage::o_proj), r.off_stages.total_us),
+                        pct(r.on_stages.of(MlaStage::q_proj) + r.on_stages.of(MlaStage::o_proj), r.on_stages.total_us),
+                        pct(r.o_quant_us + r.qa_normquant_us, r.on_us), r.attn_tflops);
+    if (!drows.empty()) {
+      md += "\n| TP | C | decode off us | decode on us | on/off |\n|---|---|---|---|---|\n";
+      for (const DecodeRow& d : drows)
+        md += fmt::format("| {} | {} | {:.1f} | {:.1f} | {:.3f} |\n", d.tp, d.seqs, d.off_us, d.on_us, d.on_us / d.off_us);
+    }
+    write_text(a.md, md);
+  }
+}
+
+}  // namespace
+
+void register_layer(CLI::App& app) {
+  auto args = std::make_shared<LayerArgs>();
+  auto* cmd = app.add_subcommand("layer", "A whole MLA attention block, FP8 flag off vs on: prefill and decode");
+  cmd->add_option("--model", args->model, "glm5, deepseek-v3 or deepseek-v2-lite (GPU default glm5; CPU default "
+                                          "deepseek-v2-lite)");
+  cmd->add_option("--tp", args->tp, "Tensor-parallel size(s): rank 0's share of the work, e.g. 1,4 (GPU default 1,4)");
+  cmd->add_option("--seqs", args->seqs, "Sequences per batch C, e.g. 4,8,16,32,64 (GPU default; CPU 1)");
+  cmd->add_option("--seqlen", args->seqlen, "Tokens per sequence L (GPU default 1024; CPU 64); decode context L+1");
+  cmd->add_option("--policy", args->policy, "Gate policy of the flag-on block: prefill or all")
+      ->check(CLI::IsMember({"prefill", "all"}))
+      ->capture_default_str();
+  cmd->add_option("--reps", args->reps, "Timed repetitions (GPU default 20, CPU 1)");
+  cmd->add_flag("--no-flush", args->no_flush, "Do not flush L2 before timed calls");
+  cmd->add_flag("--no-decode", args->no_decode, "Skip the decode step");
+  cmd->add_flag("--cpu", args->cpu, "Use the CPU reference even if a GPU is present");
+  cmd->add_option("--csv", args->csv, "Write the rows as CSV");
+  cmd->add_option("--json", args->json, "Write the rows (with per-stage times) as JSON with the GPU/version stamp");
+  cmd->add_option("--md", args->md, "Write a markdown summary");
+  cmd->callback([args] { run_layer(*args); });
+}
+
+}  // namespace fp8proj::cli

@@ -53,7 +53,9 @@ void run_explain(const ExplainArgs& a) {
 void register_explain(CLI::App& app) {
   auto args = std::make_shared<ExplainArgs>();
   auto* cmd = app.add_subcommand("explain", "Which path each projection takes at each M, and why");
-  cmd->add_option("--model", args->models, "Model(s): glm5, deepseek-v3, deepseek-v2-lite")->capture_default_str();
+  cmd->add_option("--model", args->models, "Model(s): glm5, deepseek-v3, deepseek-v2-lite")
+      ->delimiter(',')
+      ->capture_default_str();
   cmd->add_option("--tp", args->tp, "Tensor-parallel size(s), e.g. 1,4")->capture_default_str();
   cmd->add_option("--m", args->m, "Token counts: list '1,64,512' or range '1-32768'")->capture_default_str();
   cmd->add_option("--shape", args->shape, "Explicit NxK instead of a model");

@@ -146,9 +146,9 @@ void verify_device_quantizers(uint64_t seed) {
   }
   {
     HostFp8Activation ref = make_host_fp8_activation(m, k);
-    cpu::rmsnorm_quantize(x.data(), g.data(), kRmsNormEps, m, k, ref.out());
+    cpu::rmsnorm_quantize(x.data(), k, g.data(), kRmsNormEps, m, k, ref.out());
     Buffer v(MemorySpace::device, ref.values.size()), s(MemorySpace::device, ref.scales.size() * 4);
-    dev.rmsnorm_quantize(dx.data<bf16>(), dg.data<bf16>(), kRmsNormEps, m, k,
+    dev.rmsnorm_quantize(dx.data<bf16>(), k, dg.data<bf16>(), kRmsNormEps, m, k,
                          {v.data<uint8_t>(), s.data<float>(), m, k, ref.scale_ld}, nullptr);
     dev.synchronize(nullptr);
     check("rmsnorm+quant == CPU (bits)", to_host<uint8_t>(v, ref.values.size()) == ref.values);

@@ -9,5 +9,8 @@ void register_info(CLI::App& app);
 void register_bench(CLI::App& app);
 void register_verify(CLI::App& app);
 void register_explain(CLI::App& app);
+void register_tune(CLI::App& app);
+void register_tp(CLI::App& app);
+void register_layer(CLI::App& app);
 
 }  // namespace fp8proj::cli

@@ -98,6 +98,27 @@ double time_or_host(MemorySpace space, const std::function<void(StreamHandle)>& 
   return time_host([&] { fn(nullptr); }, options).median_us;
 }
 
+std::vector<double> time_interleaved(MemorySpace space, const std::vector<std::function<void(StreamHandle)>>& fns,
+                                     const TimingOptions& options, int rounds) {
+  rounds = std::max(1, std::min(rounds, options.reps));
+  TimingOptions per_round = options;
+  per_round.reps = std::max(1, options.reps / rounds);
+  std::vector<std::vector<double>> medians(fns.size());
+  for (int r = 0; r < rounds; ++r) {
+    per_round.warmup = r == 0 ? options.warmup : 1;
+    for (size_t i = 0; i < fns.size(); ++i)
+      if (fns[i]) medians[i].push_back(time_or_host(space, fns[i], per_round));
+  }
+  std::vector<double> out(fns.size(), 0.0);
+  for (size_t i = 0; i < fns.size(); ++i) {
+    auto& v = medians[i];
+    if (v.empty()) continue;
+    std::sort(v.begin(), v.end());
+    out[i] = v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+  }
+  return out;
+}
+
 nlohmann::json result_stamp() {
   const DeviceInfo& d = current_device();
   const std::time_t now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());

@@ -37,6 +37,13 @@ Tensor random_bf16(MemorySpace space, int64_t rows, int64_t cols, uint64_t seed,
 // Times fn on the GPU (device events, timing.hpp) or, in host space, on the host clock.
 double time_or_host(MemorySpace space, const std::function<void(StreamHandle)>& fn, const TimingOptions& options);
 
+// Times several variants that are compared with each other: `rounds` interleaved rounds of
+// options.reps / rounds repetitions each, the median of the round medians per variant, so a
+// drift of clocks or temperature during the run hits every variant alike. An empty function
+// gives 0.
+std::vector<double> time_interleaved(MemorySpace space, const std::vector<std::function<void(StreamHandle)>>& fns,
+                                     const TimingOptions& options, int rounds = 3);
+
 // The header every result file carries: GPU, clocks, versions, commit, time.
 nlohmann::json result_stamp();
 void write_text(const std::string& path, const std::string& text);

@@ -14,6 +14,9 @@ int main(int argc, char** argv) {
   fp8proj::cli::register_bench(app);
   fp8proj::cli::register_verify(app);
   fp8proj::cli::register_explain(app);
+  fp8proj::cli::register_tune(app);
+  fp8proj::cli::register_tp(app);
+  fp8proj::cli::register_layer(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

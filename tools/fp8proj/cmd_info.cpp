@@ -7,6 +7,7 @@
 #include "commands.hpp"
 #include "common.hpp"
 #include "fp8proj/env.hpp"
+#include "fp8proj/gate.hpp"
 #include "fp8proj/gemm.hpp"
 #include "fp8proj/tune.hpp"
 
@@ -35,10 +36,12 @@ void register_info(CLI::App& app) {
       fmt::print("{} ({} shapes, measured on {} with fp8proj {})\n", t->source, t->shapes.size(), t->stamp.gpu_name,
                  t->stamp.fp8proj_version);
     else
-      fmt::print("none (thresholds default to {})\n", 512);
+      fmt::print("none (thresholds default to {})\n", kDefaultThreshold);
     fmt::print("\nenvironment:\n");
     for (const char* k : {"FP8PROJ_PREFILL_FP8", "FP8PROJ_MIN_FP8_TOKENS", "FP8PROJ_DECODE_CEILING",
-                          "FP8PROJ_FP8_BACKEND", "FP8PROJ_TUNE_FILE", "FP8PROJ_LOG_LEVEL"})
+                          "FP8PROJ_FP8_BACKEND", "FP8PROJ_TUNE_FILE", "FP8PROJ_LOG_LEVEL", "FP8PROJ_RANK",
+                          "FP8PROJ_WORLD_SIZE", "FP8PROJ_LOCAL_RANK", "FP8PROJ_NCCL_ID_FILE", "FP8PROJ_NCCL_ID",
+                          "FP8PROJ_NCCL_TIMEOUT_S", "FP8PROJ_NCCL_BLOCKING", "FP8PROJ_NCCL_LIBRARY"})
       fmt::print("  {:<24} {}\n", k, env::get(k).value_or("(unset)"));
   });
 }

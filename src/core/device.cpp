@@ -19,7 +19,9 @@
 namespace fp8proj {
 
 namespace {
+#if FP8PROJ_WITH_CUDA
 std::string cuda_version_string(int v) { return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10); }
+#endif
 
 DeviceInfo query() {
   DeviceInfo d;

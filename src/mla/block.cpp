@@ -86,6 +86,9 @@ struct MlaBlock::Impl {
   void init(MemorySpace sp, const MlaConfig& c, mla::MlaWeights weights, MlaOptions o_in);
   ProjectionLayer& layer(MlaProjection which) const;
   void check_common(const bf16* x, const bf16* y, const char* what) const;
+  // The stages prefill and decode share: fused_qkv_a, q_a_layernorm + q_b_proj (fused with the
+  // quantization on the FP8 path), kv_a_layernorm. Leaves q in `q` and the normed latent in `kv_c`.
+  void project_inputs(const bf16* x, int64_t tokens, StreamHandle stream, const MlaStageHook& hook);
 };
 
 void MlaBlock::Impl::init(MemorySpace sp, const MlaConfig& c, mla::MlaWeights weights, MlaOptions o_in) {
@@ -196,6 +199,21 @@ void MlaBlock::Impl::check_common(const bf16* x, const bf16* y, const char* what
   FP8PROJ_CHECK(x != nullptr && y != nullptr, opt.name, ": ", what, " input x or output y is null");
 }
 
+void MlaBlock::Impl::project_inputs(const bf16* x, int64_t tokens, StreamHandle stream, const MlaStageHook& hook) {
+  const MlaConfig& c = cfg;
+  bf16* qkv = qkv_a.data<bf16>();
+  fused_qkv_a->forward(x, tokens, qkv, stream);
+  if (hook) hook(MlaStage::qkv_a, stream);
+  if (c.has_q_lora())
+    q_b->forward_rmsnorm(qkv, c.qkv_a_dim(), w.q_a_norm.data<bf16>(), c.rms_norm_eps, tokens, q.data<bf16>(), stream);
+  else
+    q_b->forward(x, tokens, q.data<bf16>(), stream);
+  if (hook) hook(MlaStage::q_proj, stream);
+  qops->rmsnorm(qkv + c.q_lora_rank, c.qkv_a_dim(), w.kv_a_norm.data<bf16>(), c.rms_norm_eps, tokens, c.kv_lora_rank,
+                kv_c.data<bf16>(), stream);
+  if (hook) hook(MlaStage::kv_norm, stream);
+}
+
 namespace {
 void check_space(MemorySpace space, const MlaConfig& config, const MlaOptions& options) {
   config.validate();
@@ -265,16 +283,7 @@ void MlaBlock::prefill(const bf16* x, const MlaPrefillBatch& batch, bf16* y, Str
   bf16* kv = s.kv.data<bf16>();
   bf16* attn_out = s.attn_out.data<bf16>();
 
-  s.fused_qkv_a->forward(x, T, qkv_a, stream);
-  mark(MlaStage::qkv_a);
-  if (c.has_q_lora())
-    s.q_b->forward_rmsnorm(qkv_a, c.qkv_a_dim(), s.w.q_a_norm.data<bf16>(), c.rms_norm_eps, T, q, stream);
-  else
-    s.q_b->forward(x, T, q, stream);
-  mark(MlaStage::q_proj);
-  s.qops->rmsnorm(qkv_a + c.q_lora_rank, c.qkv_a_dim(), s.w.kv_a_norm.data<bf16>(), c.rms_norm_eps, T, c.kv_lora_rank,
-                  kv_c, stream);
-  mark(MlaStage::kv_norm);
+  s.project_inputs(x, T, stream, hook);
   s.kv_b->forward(kv_c, T, kv, stream);
   mark(MlaStage::kv_b_proj);
 
@@ -356,16 +365,7 @@ void MlaBlock::decode(const bf16* x, const MlaDecodeBatch& batch, bf16* y, Strea
   bf16* kv_c = s.kv_c.data<bf16>();
   bf16* attn_out = s.attn_out.data<bf16>();
 
-  s.fused_qkv_a->forward(x, B, qkv_a, stream);
-  mark(MlaStage::qkv_a);
-  if (c.has_q_lora())
-    s.q_b->forward_rmsnorm(qkv_a, c.qkv_a_dim(), s.w.q_a_norm.data<bf16>(), c.rms_norm_eps, B, q, stream);
-  else
-    s.q_b->forward(x, B, q, stream);
-  mark(MlaStage::q_proj);
-  s.qops->rmsnorm(qkv_a + c.q_lora_rank, c.qkv_a_dim(), s.w.kv_a_norm.data<bf16>(), c.rms_norm_eps, B, c.kv_lora_rank,
-                  kv_c, stream);
-  mark(MlaStage::kv_norm);
+  s.project_inputs(x, B, stream, hook);
 
   mla::DecodeRopeArgs r;
   r.dims = s.dims;

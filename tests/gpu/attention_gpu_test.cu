@@ -141,7 +141,7 @@ __global__ void wgmma_ss_probe(const bf16* a, const bf16* b, float* d) {
   attn::load_tile<N, K, 128>(tb, b, K, N, threadIdx.x);
   attn::cp_async_commit();
   attn::cp_async_wait<0>();
-  attn::fence_proxy_async();
+  attn::fence_proxy_async_shared();
   __syncthreads();
   float acc[N / 2];
   attn::wgmma_fence();
@@ -150,8 +150,8 @@ __global__ void wgmma_ss_probe(const bf16* a, const bf16* b, float* d) {
     attn::WgmmaSS<N>::mma(attn::desc_advance(attn::desc_kmajor(ta), (kk / 4) * (64 * 128) + (kk % 4) * 32),
                           attn::desc_advance(attn::desc_kmajor(tb), (kk / 4) * (N * 128) + (kk % 4) * 32), acc,
                           kk > 0 ? 1 : 0);
-  attn::wgmma_commit();
-  attn::wgmma_wait<0>();
+  attn::wgmma_commit_group();
+  attn::wgmma_wait_group<0>();
   attn::reg_fence(acc);
   probe_store<N>(acc, d);
 }
@@ -165,7 +165,7 @@ __global__ void wgmma_rs_probe(const bf16* p, const bf16* v, int p0, float* d) {
   attn::load_tile<KEYS, COLS, 128>(tv, v, COLS, KEYS, threadIdx.x);
   attn::cp_async_commit();
   attn::cp_async_wait<0>();
-  attn::fence_proxy_async();
+  attn::fence_proxy_async_shared();
   __syncthreads();
   const int t = threadIdx.x, w = t / 32, g = (t % 32) / 4, q = t % 4;
   uint32_t frag[KEYS / 4];
@@ -188,8 +188,8 @@ __global__ void wgmma_rs_probe(const bf16* p, const bf16* v, int p0, float* d) {
     attn::WgmmaRSTransB<N>::mma(
         a, attn::desc_advance(attn::desc_nmajor(tv + p0 * (KEYS * 128), KEYS * 128), kk * 16 * 128), acc, 1);
   }
-  attn::wgmma_commit();
-  attn::wgmma_wait<0>();
+  attn::wgmma_commit_group();
+  attn::wgmma_wait_group<0>();
   attn::reg_fence(acc);
   probe_store<N>(acc, d);
 }
@@ -205,7 +205,7 @@ __global__ void wgmma_chain_probe(const bf16* qm, const bf16* km, const bf16* vm
   attn::load_tile<KEYS, NV, 128>(tv, vm, NV, KEYS, threadIdx.x);
   attn::cp_async_commit();
   attn::cp_async_wait<0>();
-  attn::fence_proxy_async();
+  attn::fence_proxy_async_shared();
   __syncthreads();
   float s[KEYS / 2];
   attn::wgmma_fence();
@@ -214,8 +214,8 @@ __global__ void wgmma_chain_probe(const bf16* qm, const bf16* km, const bf16* vm
     attn::WgmmaSS<KEYS>::mma(attn::desc_advance(attn::desc_kmajor(tq), (kk / 4) * (64 * 128) + (kk % 4) * 32),
                              attn::desc_advance(attn::desc_kmajor(tk), (kk / 4) * (KEYS * 128) + (kk % 4) * 32), s,
                              kk > 0 ? 1 : 0);
-  attn::wgmma_commit();
-  attn::wgmma_wait<0>();
+  attn::wgmma_commit_group();
+  attn::wgmma_wait_group<0>();
   attn::reg_fence(s);
   uint32_t pf[KEYS / 4];
 #pragma unroll
@@ -231,8 +231,8 @@ __global__ void wgmma_chain_probe(const bf16* qm, const bf16* km, const bf16* vm
     const uint32_t a[4] = {pf[4 * kk], pf[4 * kk + 1], pf[4 * kk + 2], pf[4 * kk + 3]};
     attn::WgmmaRSTransB<NV>::mma(a, attn::desc_advance(attn::desc_nmajor(tv, KEYS * 128), kk * 16 * 128), o, 1);
   }
-  attn::wgmma_commit();
-  attn::wgmma_wait<0>();
+  attn::wgmma_commit_group();
+  attn::wgmma_wait_group<0>();
   attn::reg_fence(o);
   probe_store<NV>(o, d);
 }

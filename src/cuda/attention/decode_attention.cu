@@ -153,7 +153,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_attention_sm90_kernel(cons
 
   for (int n = blk0; n < blk1; ++n) {
     cp_async_wait<kStages - 2>();
-    fence_proxy_async();
+    fence_proxy_async_shared();
     __syncthreads();  // block n visible; both warpgroups are done with the stage reloaded next
     if (n + kStages - 1 < blk1) load_block(n + kStages - 1);
     cp_async_commit();
@@ -167,8 +167,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_attention_sm90_kernel(cons
       const uint32_t off = (kk / 4) * kPanelBytes + (kk % 4) * 32;  // Q and the block share the shape
       WgmmaSS<kBlockN>::mma(desc_advance(q_desc, off), desc_advance(k_desc, off), s, kk > 0 ? 1 : 0);
     }
-    wgmma_commit();
-    wgmma_wait<0>();
+    wgmma_commit_group();
+    wgmma_wait_group<0>();
     reg_fence(s);
 
     if ((n + 1) * kBlockN > len) {  // only the sequence's last block is partial
@@ -193,8 +193,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_attention_sm90_kernel(cons
       // Columns [256 wg, 256 wg + 256) of c_kv are panels 4 wg .. 4 wg + 3 of the block.
       WgmmaRSTransB<kDvPerWg>::mma(a, desc_advance(v_desc, kk * 16 * 128), o, 1);
     }
-    wgmma_commit();
-    wgmma_wait<0>();
+    wgmma_commit_group();
+    wgmma_wait_group<0>();
     reg_fence(o);
   }
 

@@ -156,7 +156,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) prefill_attention_sm90_kerne
 
   for (int n = 0; n < n_blocks; ++n) {
     cp_async_wait<kStages - 2>();
-    fence_proxy_async();
+    fence_proxy_async_shared();
     // Block n is visible to all; every warpgroup is done with block n - 1, whose stage the
     // next load overwrites.
     __syncthreads();
@@ -175,8 +175,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) prefill_attention_sm90_kerne
         WgmmaSS<kBlockN>::mma(desc_advance(q_desc, panel_q + (kk % 4) * 32),
                               desc_advance(k_desc, panel_k + (kk % 4) * 32), s, kk > 0 ? 1 : 0);
       }
-      wgmma_commit();
-      wgmma_wait<0>();
+      wgmma_commit_group();
+      wgmma_wait_group<0>();
       reg_fence(s);
 
       if (n >= n_full) {
@@ -202,8 +202,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) prefill_attention_sm90_kerne
         const uint32_t a[4] = {pf[4 * kk], pf[4 * kk + 1], pf[4 * kk + 2], pf[4 * kk + 3]};
         WgmmaRSTransB<kDv>::mma(a, desc_advance(v_desc, kk * 16 * 128), o, 1);
       }
-      wgmma_commit();
-      wgmma_wait<0>();
+      wgmma_commit_group();
+      wgmma_wait_group<0>();
       reg_fence(o);
     }
   }

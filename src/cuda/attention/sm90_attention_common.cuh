@@ -24,6 +24,8 @@
 #include <cstdint>
 
 #include "cuda/attention/sm90_wgmma_bf16.cuh"
+#include "cuda/kernels/ptx/fence.cuh"
+#include "cuda/kernels/ptx/wgmma.cuh"
 #include "fp8proj/bf16.hpp"
 
 namespace fp8proj::gpu::attn {
@@ -51,26 +53,21 @@ __device__ __forceinline__ void cp_async_wait() {
 }
 
 // cp.async writes shared memory through the generic proxy and WGMMA reads it through the async
-// proxy: each thread fences its completed copies before the barrier that hands them over.
-__device__ __forceinline__ void fence_proxy_async() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
+// proxy: each thread fences its completed copies (ptx::fence_proxy_async_shared) before the
+// barrier that hands them over. The wgmma fence/commit/wait trio and that fence are the GEMM's
+// PTX layer (src/cuda/kernels/ptx/), shared rather than written twice.
+using sm90::ptx::fence_proxy_async_shared;
+using sm90::ptx::wgmma_commit_group;
+using sm90::ptx::wgmma_fence;
+using sm90::ptx::wgmma_wait_group;
 
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-
-// Pins register values to a point in the instruction stream (as CUTLASS's
-// warpgroup_fence_operand does): after wgmma_wait, the accumulators were written asynchronously
-// and must not be read earlier; before wgmma_fence, the registers a wgmma reads (O after its
-// rescale, P) must be final, since the fence orders only accesses that precede it.
+// Pins register values to a point in the instruction stream (CUTLASS's
+// warpgroup_fence_operand): after the wait the accumulators were written asynchronously and must
+// not be read earlier; before wgmma_fence the registers a wgmma reads (O after its rescale, P)
+// must be final, since the fence orders only accesses that precede it.
 template <int N>
 __device__ __forceinline__ void reg_fence(float (&d)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+  sm90::ptx::fence_operands(d);
 }
 
 template <int N>

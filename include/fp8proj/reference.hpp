@@ -40,6 +40,8 @@ struct ErrorStats {
   int64_t count = 0;
 };
 ErrorStats compare(const bf16* out, const double* ref, int64_t count);
+// The same against a bf16 reference (e.g. the TP 1 output for a TP R run).
+ErrorStats compare(const bf16* out, const bf16* ref, int64_t count);
 
 // Tolerance of an FP8 GEMM against the fp64 product of its dequantized operands: the bf16
 // rounding of the output alone is up to 2^-9 = 1.95e-3 relative per element and about

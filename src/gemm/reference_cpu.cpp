@@ -108,4 +108,10 @@ ErrorStats compare(const bf16* out, const double* ref, int64_t count) {
   return s;
 }
 
+ErrorStats compare(const bf16* out, const bf16* ref, int64_t count) {
+  std::vector<double> r(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) r[i] = bf16_to_float(ref[i]);
+  return compare(out, r.data(), count);
+}
+
 }  // namespace fp8proj

@@ -72,6 +72,11 @@ TEST(ReferenceGemm, F64OracleAndCompare) {
   out[2] = float_to_bf16(NAN);
   const ErrorStats e = compare(out.data(), c.data(), 6);
   EXPECT_EQ(e.non_finite, 1);  // a NaN output never passes silently
+  // Against a bf16 reference: the same metric.
+  const std::vector<bf16> ref = cpu::to_bf16(std::vector<float>{1, 2, 3, 3, 4, 7}.data(), 6);
+  const ErrorStats eb = compare(out.data(), ref.data(), 6);
+  EXPECT_EQ(eb.non_finite, 1);
+  EXPECT_EQ(eb.rel_frobenius, 0.0);  // the other five agree exactly
 }
 
 }  // namespace

@@ -30,6 +30,7 @@
 
 #include "fp8proj/device.hpp"
 #include "fp8proj/error.hpp"
+#include "fp8proj/reference.hpp"
 #include "fp8proj/memory.hpp"
 #include "fp8proj/mla.hpp"
 #include "fp8proj/random.hpp"
@@ -80,23 +81,12 @@ struct Diff {
   int64_t bad = 0;
 };
 
-// Relative Frobenius difference; an output that is NaN/inf where the reference is finite
-// (e.g. never written over the NaN poison) counts as bad and fails the check.
+// Relative Frobenius difference (fp8proj::compare); an output that is NaN/inf where the
+// reference is finite (e.g. never written over the NaN poison) counts as bad and fails the check.
 Diff diff(const std::vector<bf16>& out, const std::vector<bf16>& ref) {
-  double num = 0, den = 0;
-  Diff d;
-  for (size_t i = 0; i < out.size(); ++i) {
-    const double o = bf16_to_float(out[i]), r = bf16_to_float(ref[i]);
-    if (!std::isfinite(r)) continue;
-    if (!std::isfinite(o)) {
-      ++d.bad;
-      continue;
-    }
-    num += (o - r) * (o - r);
-    den += r * r;
-  }
-  d.rel = den > 0 ? std::sqrt(num / den) : 1.0;
-  return d;
+  if (out.size() != ref.size()) return {1.0, static_cast<int64_t>(out.size())};
+  const ErrorStats e = compare(out.data(), ref.data(), static_cast<int64_t>(out.size()));
+  return {e.rel_frobenius, e.non_finite};
 }
 
 std::string fmt_diff(const Diff& d) {

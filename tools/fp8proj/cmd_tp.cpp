@@ -28,6 +28,7 @@
 #include "commands.hpp"
 #include "common.hpp"
 #include "fp8proj/error.hpp"
+#include "fp8proj/reference.hpp"
 #include "fp8proj/mla.hpp"
 #include "fp8proj/random.hpp"
 #include "fp8proj/tp.hpp"
@@ -113,20 +114,9 @@ struct Diff {
 };
 
 Diff compare_bf16(const std::vector<bf16>& out, const std::vector<bf16>& ref) {
-  double num = 0, den = 0;
-  Diff d;
-  for (size_t i = 0; i < out.size(); ++i) {
-    const double o = bf16_to_float(out[i]), r = bf16_to_float(ref[i]);
-    if (!std::isfinite(r)) continue;
-    if (!std::isfinite(o)) {
-      ++d.bad;
-      continue;
-    }
-    num += (o - r) * (o - r);
-    den += r * r;
-  }
-  d.rel = den > 0 ? std::sqrt(num / den) : (num > 0 ? 1.0 : 0.0);
-  return d;
+  FP8PROJ_CHECK(out.size() == ref.size(), "comparing ", out.size(), " outputs with ", ref.size(), " references");
+  const ErrorStats e = compare(out.data(), ref.data(), static_cast<int64_t>(out.size()));
+  return {e.rel_frobenius, e.non_finite};
 }
 
 // Per-rank device timing: L2 flush, barrier, events around fn, median over reps.

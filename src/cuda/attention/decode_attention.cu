@@ -184,18 +184,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_attention_sm90_kernel(cons
     uint32_t pf[kBlockN / 4];
     online_softmax<kBlockN, kDvPerWg / 2>(s, o, rows, p.scale_log2, pf);
 
-    reg_fence(o);
-    reg_fence(pf);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      const uint32_t a[4] = {pf[4 * kk], pf[4 * kk + 1], pf[4 * kk + 2], pf[4 * kk + 3]};
-      // Columns [256 wg, 256 wg + 256) of c_kv are panels 4 wg .. 4 wg + 3 of the block.
-      WgmmaRSTransB<kDvPerWg>::mma(a, desc_advance(v_desc, kk * 16 * 128), o, 1);
-    }
-    wgmma_commit_group();
-    wgmma_wait_group<0>();
-    reg_fence(o);
+    // v_desc addresses columns [256 wg, 256 wg + 256) of c_kv: panels 4 wg .. 4 wg + 3 of the block.
+    pv_accumulate<kBlockN, kDvPerWg>(pf, v_desc, o);
   }
 
   finish_rows(rows);

@@ -194,17 +194,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) prefill_attention_sm90_kerne
       uint32_t pf[kBlockN / 4];
       online_softmax<kBlockN, kDv / 2>(s, o, rows, p.scale_log2, pf);
 
-      reg_fence(o);
-      reg_fence(pf);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kBlockN / 16; ++kk) {
-        const uint32_t a[4] = {pf[4 * kk], pf[4 * kk + 1], pf[4 * kk + 2], pf[4 * kk + 3]};
-        WgmmaRSTransB<kDv>::mma(a, desc_advance(v_desc, kk * 16 * 128), o, 1);
-      }
-      wgmma_commit_group();
-      wgmma_wait_group<0>();
-      reg_fence(o);
+      pv_accumulate<kBlockN, kDv>(pf, v_desc, o);
     }
   }
 

@@ -241,4 +241,23 @@ __device__ __forceinline__ void store_staged_rows(const uint8_t* stage, int pitc
   }
 }
 
+// O += P . V for one key block of kBlockN keys: P as online_softmax left it (bf16 pairs in the
+// A-fragment order), V N-major in shared memory behind v_desc, kDv output columns for this
+// warpgroup. The register fences keep the rescaled O and P final before the wgmma reads them
+// and the accumulators untouched until it has written them.
+template <int kBlockN, int kDv>
+__device__ __forceinline__ void pv_accumulate(uint32_t (&pf)[kBlockN / 4], uint64_t v_desc, float (&o)[kDv / 2]) {
+  reg_fence(o);
+  reg_fence(pf);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kBlockN / 16; ++kk) {
+    const uint32_t a[4] = {pf[4 * kk], pf[4 * kk + 1], pf[4 * kk + 2], pf[4 * kk + 3]};
+    WgmmaRSTransB<kDv>::mma(a, desc_advance(v_desc, kk * 16 * 128), o, 1);
+  }
+  wgmma_commit_group();
+  wgmma_wait_group<0>();
+  reg_fence(o);
+}
+
 }  // namespace fp8proj::gpu::attn

@@ -11,8 +11,8 @@ namespace fp8proj {
 
 enum class Path : uint8_t { none, bf16, fp8 };
 enum class Fp8Policy : uint8_t {
-  prefill,  // decode batches (M <= decode ceiling) stay bf16; FP8 above ceiling and crossover
-  all,      // FP8 wherever it is measured (or, without a table, thresholded) to be faster
+  prefill,  // decode batches (M <= decode ceiling) stay bf16; above the ceiling as `all`
+  all,      // FP8 wherever it is measured (tuned bucket) or, outside the buckets, thresholded faster
 };
 
 const char* to_string(Path path);
@@ -31,7 +31,9 @@ struct GateInput {
   bool eligible = true;  // N and K multiples of 128
   int64_t threshold = kDefaultThreshold;
   int64_t decode_ceiling = kDefaultDecodeCeiling;
-  std::optional<bool> bucket_fp8_wins;  // policy all: the tuned bucket's verdict for this M
+  // The tuned bucket's verdict for this M: set when a tuned table covers M and no explicit
+  // threshold (option or FP8PROJ_MIN_FP8_TOKENS) overrides the table.
+  std::optional<bool> bucket_fp8_wins;
 
   std::string_view arch_reason;         // why not, when !arch_ok
   std::string_view eligibility_reason;  // why not, when !eligible
@@ -46,8 +48,8 @@ enum class GateReason : uint8_t {
   decode_ceiling,     // prefill policy, M <= ceiling
   below_threshold,    // M <= threshold
   above_threshold,    // M > threshold (and > ceiling for prefill)
-  bucket_fp8,         // policy all, tuned bucket: FP8 faster
-  bucket_bf16,        // policy all, tuned bucket: bf16 faster
+  bucket_fp8,         // tuned bucket: FP8 measured faster (prefill: above the ceiling)
+  bucket_bf16,        // tuned bucket: bf16 measured faster
 };
 
 struct GateDecision {

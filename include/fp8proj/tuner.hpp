@@ -23,10 +23,11 @@
 // Threshold (select_threshold): the smallest M from which every bucket wins by the margin;
 // stored as that M - 1 (the gate runs FP8 when M > threshold); kNeverFp8 when FP8 does not
 // win by the margin at the largest bucket.
-// Splits (buckets_to_split): a bucket whose verdict is wrong by more than the margin at one
-// of its points (FP8 chosen, bf16 faster there by > 3%, or the reverse), and the bucket just
-// below the threshold when its upper points already win by the margin; each split cuts at
-// the representative M, at most max_depth times per initial bucket.
+// Splits (buckets_to_split): a bucket whose verdict is wrong by more than half the margin at
+// one of its points (FP8 chosen, bf16 faster there by > 1.5%, or the reverse), whose chosen
+// configuration trails the fastest FP8 candidate by more than the margin at one of its points,
+// and the bucket just below the threshold when its upper points already win by the margin;
+// each split cuts at the representative M, at most max_depth times per initial bucket.
 #pragma once
 
 #include <cstdint>

@@ -16,8 +16,12 @@
 //   "m128n128_ws2_st5"            kGemm1d2d, block 128x128, 2 consumer warpgroups, 5 stages
 //   "m128n128_ws2_st5_mc2"        the same in 2-CTA clusters: the B tile is TMA-multicast to
 //                                 the CTA pair computing M blocks 2j and 2j+1
+//   "m128n96_ws2_st7_mcn2"        2-CTA clusters along N: the A tile (and nothing else) is
+//                                 multicast to the pair computing N blocks 2j and 2j+1 of one
+//                                 M block -- for one-wave problems whose every CTA re-reads
+//                                 the same few A rows (M = 256..512, long K)
 //   "swapab_m16n128_ws2_st11_sk4" kSwapAB,   16 tokens x 128 weight rows, 11 stages, split-K 4
-// "_mcC" appears only when C > 1 (kGemm1d2d), "_skS" only when S > 1 (kSwapAB).
+// "_mcC"/"_mcnC" appear only when C > 1 (kGemm1d2d), "_skS" only when S > 1 (kSwapAB).
 #pragma once
 
 #include <cstddef>
@@ -37,7 +41,8 @@ struct Config {
   int math_wgs = 2;   // consumer warpgroups (128 threads each); plus one producer warpgroup
   int stages = 5;     // TMA pipeline depth
   int split_k = 1;    // kSwapAB only: K is cut into split_k contiguous ranges of 128-blocks
-  int cluster = 1;    // kGemm1d2d only: CTAs per cluster along M sharing the B tile (1 or 2)
+  int cluster = 1;    // kGemm1d2d only: CTAs per cluster (1 or 2) sharing one operand tile
+  bool cluster_on_n = false;  // cluster > 1: along N sharing A ("_mcn"), else along M sharing B
 
   std::string name() const;
   // Throws fp8proj::Error naming the text when it is not a config name (grammar above).
@@ -84,7 +89,7 @@ constexpr int64_t smem_fixed_bytes(KernelKind kind, int block_m, int block_n, in
 // ---- the family and the heuristic ----
 
 // Every kernel instantiated in sm90_fp8_gemm.cu (split_k = 1). Few on purpose: each costs
-// ~20-40 s of ptxas time.
+// build time (all 19: ~13 s of nvcc for sm90_fp8_gemm.cu on 2 cores) and binary size.
 const std::vector<Config>& kernel_family();
 
 // Same kernel as one of kernel_family(), whatever its split_k.
@@ -98,8 +103,9 @@ std::string why_illegal(const Config& cfg, const Problem& p);
 
 struct TileGrid {
   int64_t m_tiles = 0, n_tiles = 0, splits = 1;
-  // align_up(m_tiles, cluster) * n_tiles * splits: the work items (CTA tiles) of the
-  // persistent grid; a cluster's spare tile past M (odd m_tiles) counts as work.
+  // align_up(m_tiles, cluster) * n_tiles * splits (along N: m_tiles * align_up(n_tiles,
+  // cluster)): the work items (CTA tiles) of the persistent grid; a cluster's spare tile past
+  // M or N (odd tile count) counts as work.
   int64_t units = 0;
   int64_t grid = 0;  // CTAs launched: min(units, num_sms rounded down to whole clusters)
 };

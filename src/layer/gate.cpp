@@ -21,11 +21,11 @@ GateDecision decide_path(const GateInput& in) {
   if (!in.enabled) return {Path::bf16, GateReason::disabled};
   if (!in.arch_ok) return {Path::bf16, GateReason::arch};
   if (!in.eligible) return {Path::bf16, GateReason::ineligible};
-  if (in.policy == Fp8Policy::prefill) {
-    if (in.m <= in.decode_ceiling) return {Path::bf16, GateReason::decode_ceiling};
-    if (in.m <= in.threshold) return {Path::bf16, GateReason::below_threshold};
-    return {Path::fp8, GateReason::above_threshold};
-  }
+  if (in.policy == Fp8Policy::prefill && in.m <= in.decode_ceiling)
+    return {Path::bf16, GateReason::decode_ceiling};
+  // Inside a tuned bucket its measured verdict decides (both policies, above the ceiling for
+  // prefill). The threshold alone would keep bf16 in a bucket between the ceiling and a
+  // threshold that a later FP8 loss pushed up, although FP8 measured faster there.
   if (in.bucket_fp8_wins.has_value())
     return *in.bucket_fp8_wins ? GateDecision{Path::fp8, GateReason::bucket_fp8}
                                : GateDecision{Path::bf16, GateReason::bucket_bf16};
@@ -53,8 +53,13 @@ std::string describe(const GateInput& in, const GateDecision& d) {
       return m + " > " + thr +
              (in.policy == Fp8Policy::prefill ? " and > decode ceiling " + to_string(in.decode_ceiling) : "") +
              policy;
-    case GateReason::bucket_fp8: return m + ": FP8 measured faster in this tuned M bucket" + policy;
-    case GateReason::bucket_bf16: return m + ": bf16 measured faster in this tuned M bucket" + policy;
+    case GateReason::bucket_fp8:
+    case GateReason::bucket_bf16: {
+      const std::string ceiling =
+          in.policy == Fp8Policy::prefill ? " (above decode ceiling " + to_string(in.decode_ceiling) + ")" : "";
+      return m + ceiling + ": " + (d.reason == GateReason::bucket_fp8 ? "FP8" : "bf16") +
+             " measured faster in this tuned M bucket" + policy;
+    }
   }
   return "";
 }

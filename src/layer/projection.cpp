@@ -48,6 +48,7 @@ struct ProjectionLayer::Impl {
   std::string eligibility_reason, arch_reason;
   int64_t threshold = kDefaultThreshold;
   std::string threshold_source = "default";
+  bool threshold_is_tuned = false;  // no explicit threshold: the tuned buckets decide inside their range
   std::optional<TunedShape> tuned;
   std::string tuned_source;  // the table file, or "ProjectionOptions::tuned"
 
@@ -74,7 +75,7 @@ struct ProjectionLayer::Impl {
     in.eligible = eligible;
     in.threshold = threshold;
     in.decode_ceiling = opt.decode_ceiling;
-    if (opt.policy == Fp8Policy::all && tuned)
+    if (tuned && threshold_is_tuned)
       if (const TunedBucket* b = tuned->bucket_for(m)) in.bucket_fp8_wins = b->fp8_wins();
     in.arch_reason = arch_reason;
     in.eligibility_reason = eligibility_reason;
@@ -249,6 +250,7 @@ ProjectionLayer::ProjectionLayer(MemorySpace space, const bf16* weight, int64_t 
   } else if (s.tuned) {
     s.threshold = s.tuned->threshold;
     s.threshold_source = "tuned";
+    s.threshold_is_tuned = true;
   }
 
   const bool want_fp8 = s.opt.fp8 && s.eligible && s.arch_ok;

@@ -84,11 +84,29 @@ TEST(Gate, PolicyAllFollowsTunedBucket) {
   in.m = 8192;
   in.bucket_fp8_wins = false;
   EXPECT_EQ(decide_path(in).path, Path::bf16);
-  // The prefill policy ignores buckets: decode stays bf16.
+  // The prefill policy keeps decode batches bf16 whatever the bucket says...
   in.policy = Fp8Policy::prefill;
   in.m = 64;
   in.bucket_fp8_wins = true;
+  EXPECT_EQ(decide_path(in).reason, GateReason::decode_ceiling);
   EXPECT_EQ(decide_path(in).path, Path::bf16);
+  // ... and above the ceiling follows the buckets like `all`: FP8 in a bucket it wins although
+  // the threshold (pushed up by a later FP8 loss) lies beyond it, bf16 where bf16 won.
+  in.m = 700;
+  in.threshold = 2048;
+  EXPECT_EQ(decide_path(in).path, Path::fp8);
+  EXPECT_EQ(decide_path(in).reason, GateReason::bucket_fp8);
+  EXPECT_NE(describe(in, decide_path(in)).find("above decode ceiling 512"), std::string::npos)
+      << describe(in, decide_path(in));
+  in.m = 1500;
+  in.bucket_fp8_wins = false;
+  EXPECT_EQ(decide_path(in).path, Path::bf16);
+  EXPECT_EQ(decide_path(in).reason, GateReason::bucket_bf16);
+  // Outside the buckets (no verdict) the threshold decides.
+  in.bucket_fp8_wins.reset();
+  EXPECT_EQ(decide_path(in).reason, GateReason::below_threshold);
+  in.m = 4096;
+  EXPECT_EQ(decide_path(in).path, Path::fp8);
 }
 
 TEST(Gate, DescribeNamesThresholdSource) {

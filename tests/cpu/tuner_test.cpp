@@ -187,6 +187,37 @@ TEST(TunerSplit, MixedVerdictsAndTheBucketBelowTheThreshold) {
   EXPECT_TRUE(tune::buckets_to_split(cs, 0).empty()) << "max depth 0: never split";
 }
 
+TEST(TunerSplit, CloseVerdictsAndTrailingConfigurations) {
+  const auto buckets = tune::initial_buckets(1024);
+  std::vector<Measurement> ms;
+  auto add = [&](const Bucket& b, std::vector<double> bf16, std::map<std::string, std::vector<double>> fp8) {
+    auto m = at_points(b, bf16, fp8);
+    ms.insert(ms.end(), m.begin(), m.end());
+  };
+  for (int i = 0; i < 6; ++i) add(buckets[i], {10, 10, 10}, {{"c", {20, 20, 20}}});  // bf16, clear
+  // [513, 1024]: bf16 chosen (geometric means), FP8 2% faster at the upper edge: within the
+  // 3% margin, but close enough that an M between the points may beat it by more.
+  add(buckets[6], {10, 10, 10}, {{"c", {10.5, 10.4, 9.8}}});
+  std::vector<BucketChoice> cs;
+  for (const auto& b : buckets) cs.push_back(tune::choose_bucket(b, ms));
+  EXPECT_FALSE(cs[6].fp8_wins);
+  EXPECT_FALSE(cs[6].verdict_violated);
+  EXPECT_EQ(tune::buckets_to_split(cs, 2), (std::vector<Bucket>{buckets[6]}));
+
+  // A clear FP8 bucket whose best configuration changes inside it: the chosen one (minimax)
+  // trails the fastest by 10% at one point, so the halves get their own.
+  ms.clear();
+  for (int i = 0; i < 6; ++i) add(buckets[i], {10, 10, 10}, {{"c", {20, 20, 20}}});
+  add(buckets[6], {20, 20, 20}, {{"a", {10, 11, 12}}, {"b", {12, 11, 10}}});
+  cs.clear();
+  for (const auto& b : buckets) cs.push_back(tune::choose_bucket(b, ms));
+  EXPECT_TRUE(cs[6].wins_by_margin);
+  EXPECT_GT(cs[6].worst_regret, 1.03);
+  const auto split = tune::buckets_to_split(cs, 2);
+  EXPECT_NE(std::find(split.begin(), split.end(), buckets[6]), split.end());
+  EXPECT_TRUE(tune::buckets_to_split(cs, 0).empty()) << "max depth 0: never split";
+}
+
 // A synthetic GPU: the times of bf16 and two FP8 configs as functions of M.
 struct Synthetic {
   std::function<double(int64_t)> bf16, fp8_a, fp8_b;
@@ -383,26 +414,36 @@ TEST(TunedLayer, PolicyAllFollowsEachBucket) {
   EXPECT_EQ(0, std::memcmp(y.data(), ref.data(), y.size() * sizeof(bf16)));
 }
 
-TEST(TunedLayer, PrefillUsesTheThresholdAndTheCeiling) {
+TEST(TunedLayer, PrefillFollowsTheBucketsAboveTheCeiling) {
   CleanEnv clean;
   const auto w = testing::random_bf16(256 * 384, 3, 0.02f);
   ProjectionOptions o = layer_options(Fp8Policy::prefill);
   o.decode_ceiling = 0;
   ProjectionLayer l(MemorySpace::host, w.data(), 256, 384, o);
-  EXPECT_EQ(l.path_for(40), Path::bf16) << "policy prefill ignores the bucket verdicts below the threshold";
-  EXPECT_EQ(l.path_for(64), Path::bf16);
+  // Above the ceiling (0 here) prefill follows the bucket verdicts, like policy all.
+  EXPECT_EQ(l.path_for(8), Path::bf16) << "bucket [1, 16]: bf16 measured faster";
+  EXPECT_EQ(l.path_for(40), Path::fp8) << "bucket [17, 64]: FP8 measured faster";
   EXPECT_EQ(l.path_for(65), Path::fp8);
-  EXPECT_NE(l.explain(64).reason.find("threshold 64 (tuned)"), std::string::npos) << l.explain(64).to_string();
+  EXPECT_EQ(l.path_for(600), Path::fp8) << "beyond the buckets: threshold 64";
+  EXPECT_NE(l.explain(40).reason.find("above decode ceiling 0"), std::string::npos) << l.explain(40).to_string();
+  EXPECT_NE(l.explain(600).reason.find("threshold 64 (tuned)"), std::string::npos) << l.explain(600).to_string();
   o.decode_ceiling = 128;
   ProjectionLayer c(MemorySpace::host, w.data(), 256, 384, o);
+  EXPECT_EQ(c.path_for(40), Path::bf16);
   EXPECT_EQ(c.path_for(100), Path::bf16);
   EXPECT_EQ(c.path_for(129), Path::fp8);
   EXPECT_NE(c.explain(100).reason.find("decode ceiling 128"), std::string::npos);
-  // An explicit threshold overrides the table's.
+  // An explicit threshold overrides the table: its buckets no longer decide.
   o.threshold = 256;
   ProjectionLayer t(MemorySpace::host, w.data(), 256, 384, o);
   EXPECT_EQ(t.path_for(256), Path::bf16);
   EXPECT_EQ(t.path_for(257), Path::fp8);
+  o.policy = Fp8Policy::all;
+  o.decode_ceiling = 0;
+  ProjectionLayer ta(MemorySpace::host, w.data(), 256, 384, o);
+  EXPECT_EQ(ta.path_for(40), Path::bf16) << "policy all with an explicit threshold 256";
+  EXPECT_EQ(ta.path_for(257), Path::fp8);
+  o.policy = Fp8Policy::prefill;
   // A table saying FP8 never wins keeps every M on bf16 under prefill.
   o.threshold.reset();
   o.tuned->threshold = tune::kNeverFp8;

@@ -60,7 +60,7 @@ void run_bench(const BenchArgs& a) {
   topt.reps = a.reps > 0 ? a.reps : (gpu ? 45 : 3);
   topt.warmup = gpu ? 5 : 1;
   topt.flush_l2 = gpu && !a.no_flush;
-  fmt::print("timing: {} repetitions in 3 interleaved rounds (median of round medians) after {} warm-up, L2 {}; "
+  fmt::print("timing: median of {} calls per variant, interleaved call by call, after {} warm-up, L2 {}; "
              "ratio = bf16 time / FP8 time\n",
              topt.reps, topt.warmup, topt.flush_l2 ? "flushed before every timed call" : "not flushed");
 

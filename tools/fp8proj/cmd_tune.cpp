@@ -130,7 +130,7 @@ struct TuneArgs {
   int64_t max_m = 0;
   int64_t first_bucket = tune::kDefaultFirstBucketHi;
   int reps = 0, warmup = -1;
-  int max_split = 2;
+  int max_split = 3;
   double margin_pct = 3;
   double budget_s = 330;
   bool no_flush = false, cpu = false, dry_run = false;
@@ -213,12 +213,58 @@ class ShapeTuner {
 
   const std::vector<const GemmBackend*>& backends() const { return backends_; }
 
-  // Times bf16 and every candidate at each M not measured yet.
+  // Times bf16 and every candidate at each M not measured yet, interleaved call by call
+  // (bf16, c1, c2, ..., bf16, c1, ...): the clock and power drift of a long run -- the H200
+  // caps its clock within ~0.1 s of sustained FP8 load -- then hits every candidate alike,
+  // where blocks of repetitions per candidate would favour whichever ran in a cooler moment.
   void measure(const std::vector<int64_t>& ms) {
     for (int64_t m : ms) {
       if (!measured_.insert(m).second) continue;
-      time_one(m, nullptr, "");
-      for (const Candidate& c : candidates_at(backends_, m, job_.n, job_.k, buckets_)) time_one(m, c.backend, c.config);
+      std::vector<Row> rows;
+      std::vector<ProjectionLayer*> layers;
+      double est = 0;
+      auto add = [&](const GemmBackend* be, const std::string& config) {
+        Row r = prepare(m, be, config);
+        est += tune::estimate_timing_us(r.fp8, m, job_.n, job_.k, topt_.warmup, topt_.reps, topt_.flush_l2,
+                                        cost_model(space_));
+        layers.push_back(r.status == "ok" ? layer_of(be, config) : nullptr);
+        rows.push_back(std::move(r));
+      };
+      add(nullptr, "");
+      for (const Candidate& c : candidates_at(backends_, m, job_.n, job_.k, buckets_)) add(c.backend, c.config);
+      progress_.start(fmt::format("[{}] {} M={}: bf16 and {} FP8 candidates", tag_, job_.label, m, rows.size() - 1));
+      std::vector<std::vector<double>> samples(rows.size());
+      TimingOptions one = topt_;
+      one.reps = 1;
+      for (int rep = 0; rep < std::max(1, topt_.reps); ++rep) {
+        one.warmup = rep == 0 ? topt_.warmup : 0;
+        for (size_t i = 0; i < rows.size(); ++i) {
+          if (!layers[i]) continue;
+          ProjectionLayer* layer = layers[i];
+          auto fn = [&](StreamHandle st) { layer->forward(x_.data(), m, y_.data(), st); };
+          try {
+            samples[i].push_back(space_ == MemorySpace::device ? time_device(fn, nullptr, one).median_us
+                                                               : time_host([&] { fn(nullptr); }, one).median_us);
+          } catch (const std::exception& e) {
+            rows[i].status = std::string("error: ") + e.what();
+            layers[i] = nullptr;
+          }
+        }
+      }
+      progress_.done(est);
+      for (size_t i = 0; i < rows.size(); ++i) {
+        Row& r = rows[i];
+        if (layers[i] && !samples[i].empty()) {
+          auto& v = samples[i];
+          std::sort(v.begin(), v.end());
+          const size_t n = v.size();
+          r.t = {n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]), v.front(), v.back(), static_cast<int>(n)};
+        } else {
+          r.t = {};
+        }
+        ms_.push_back({m, r.fp8, r.fp8 ? r.backend : "", r.config, r.t.median_us});
+        rows_.push_back(std::move(r));
+      }
     }
   }
 
@@ -257,37 +303,33 @@ class ShapeTuner {
     return (fp8_[key] = std::move(layer)).get();
   }
 
-  void time_one(int64_t m, const GemmBackend* be, const std::string& config) {
+  ProjectionLayer* layer_of(const GemmBackend* be, const std::string& config) {
+    return be != nullptr ? layer_for(be, config) : bf16_.get();
+  }
+
+  // The row of one candidate at M, with the plan it will run; status says why not when the
+  // candidate cannot run there (it is then not timed).
+  Row prepare(int64_t m, const GemmBackend* be, const std::string& config) {
     const bool fp8 = be != nullptr;
     Row r;
     r.m = m;
     r.fp8 = fp8;
     r.backend = fp8 ? std::string(be->name()) : std::string("bf16");
     r.config = config;
-    const double est =
-        tune::estimate_timing_us(fp8, m, job_.n, job_.k, topt_.warmup, topt_.reps, topt_.flush_l2, cost_model(space_));
-    progress_.start(
-        fmt::format("[{}] {} M={} {}", tag_, job_.label, m, fp8 ? candidate_name(r.backend, config) : "bf16"));
     try {
-      ProjectionLayer* layer = fp8 ? layer_for(be, config) : bf16_.get();
+      ProjectionLayer* layer = layer_of(be, config);
+      const Explanation e = layer->explain(m);
       if (fp8) {
-        const Explanation e = layer->explain(m);
         FP8PROJ_CHECK(e.path == Path::fp8 && e.backend == r.backend, "the candidate layer would not run ", r.backend,
                       " at M=", m, ": ", e.to_string());
-        r.plan = e.config;
       } else {
-        r.plan = layer->explain(m).config;
-        r.backend = layer->explain(m).backend;
+        r.backend = e.backend;
       }
-      auto fn = [&](StreamHandle st) { layer->forward(x_.data(), m, y_.data(), st); };
-      r.t = space_ == MemorySpace::device ? time_device(fn, nullptr, topt_) : time_host([&] { fn(nullptr); }, topt_);
+      r.plan = e.config;
     } catch (const std::exception& e) {
       r.status = std::string("error: ") + e.what();
-      r.t = {};
     }
-    progress_.done(est);
-    ms_.push_back({m, fp8, fp8 ? r.backend : "", config, r.t.median_us});
-    rows_.push_back(std::move(r));
+    return r;
   }
 
  public:
@@ -581,7 +623,7 @@ void register_tune(CLI::App& app) {
   cmd->add_option("--first-bucket", a->first_bucket, "Upper edge of the first bucket [1, X]")->capture_default_str();
   cmd->add_option("--reps", a->reps, "Timed repetitions per measurement (GPU default 30, reduced to fit --budget)");
   cmd->add_option("--warmup", a->warmup, "Warm-up calls per measurement (GPU default 3)");
-  cmd->add_option("--max-split", a->max_split, "How often a bucket may be halved where its verdict is mixed")
+  cmd->add_option("--max-split", a->max_split, "How often a bucket may be halved where its verdict is close or its configuration trails")
       ->capture_default_str();
   cmd->add_option("--margin", a->margin_pct, "FP8 must win by this many percent to set the threshold")
       ->capture_default_str();

@@ -99,19 +99,19 @@ double time_or_host(MemorySpace space, const std::function<void(StreamHandle)>& 
 }
 
 std::vector<double> time_interleaved(MemorySpace space, const std::vector<std::function<void(StreamHandle)>>& fns,
-                                     const TimingOptions& options, int rounds) {
-  rounds = std::max(1, std::min(rounds, options.reps));
-  TimingOptions per_round = options;
-  per_round.reps = std::max(1, options.reps / rounds);
-  std::vector<std::vector<double>> medians(fns.size());
-  for (int r = 0; r < rounds; ++r) {
-    per_round.warmup = r == 0 ? options.warmup : 1;
+                                     const TimingOptions& options) {
+  const int reps = std::max(1, options.reps);
+  TimingOptions one = options;
+  one.reps = 1;
+  std::vector<std::vector<double>> samples(fns.size());
+  for (int r = 0; r < reps; ++r) {
+    one.warmup = r == 0 ? options.warmup : 0;
     for (size_t i = 0; i < fns.size(); ++i)
-      if (fns[i]) medians[i].push_back(time_or_host(space, fns[i], per_round));
+      if (fns[i]) samples[i].push_back(time_or_host(space, fns[i], one));
   }
   std::vector<double> out(fns.size(), 0.0);
   for (size_t i = 0; i < fns.size(); ++i) {
-    auto& v = medians[i];
+    auto& v = samples[i];
     if (v.empty()) continue;
     std::sort(v.begin(), v.end());
     out[i] = v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);

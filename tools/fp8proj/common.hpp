@@ -37,12 +37,13 @@ Tensor random_bf16(MemorySpace space, int64_t rows, int64_t cols, uint64_t seed,
 // Times fn on the GPU (device events, timing.hpp) or, in host space, on the host clock.
 double time_or_host(MemorySpace space, const std::function<void(StreamHandle)>& fn, const TimingOptions& options);
 
-// Times several variants that are compared with each other: `rounds` interleaved rounds of
-// options.reps / rounds repetitions each, the median of the round medians per variant, so a
-// drift of clocks or temperature during the run hits every variant alike. An empty function
-// gives 0.
+// Times several variants that are compared with each other, interleaved call by call (A B C
+// A B C ...; each call L2-flushed as options say, warm-up only before the first): the median
+// of options.reps calls per variant. Clock and power drift -- the H200 caps its clock within
+// ~0.1 s of sustained FP8 load -- then hits every variant alike, which blocks of repetitions
+// per variant do not. An empty function gives 0.
 std::vector<double> time_interleaved(MemorySpace space, const std::vector<std::function<void(StreamHandle)>>& fns,
-                                     const TimingOptions& options, int rounds = 3);
+                                     const TimingOptions& options);
 
 // The header every result file carries: GPU, clocks, versions, commit, time.
 nlohmann::json result_stamp();

@@ -44,7 +44,7 @@ std::string shape_label(int64_t n, int64_t k);
 struct CheckArgs {
   std::string table;          // the tuned table to validate
   std::string m;              // M list; default: spread over 1..32768, off the tuning points
-  int reps = 0, warmup = -1;  // per variant, split over 3 interleaved rounds
+  int reps = 0, warmup = -1;  // per variant (gate check: interleaved call by call)
   int64_t decode_ceiling = 512;
   double tolerance_pct = 3;  // gated time <= (1 + tol) * min(bf16, FP8)
   bool cpu = false, no_flush = false, no_fail = false, force = false;

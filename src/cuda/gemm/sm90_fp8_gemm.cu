@@ -97,17 +97,18 @@ struct Maps {
   CUtensorMap a, sfa, b, d;
 };
 
-// rows_a: box rows of the A tile (and A-scale box); rows_b: box rows of the B tile;
-// d box {d_cols, d_rows} with swizzle d_swizzle bytes.
-Maps make_maps(const Fp8GemmArgs& x, uint32_t rows_a, uint32_t rows_b, uint32_t d_cols, uint32_t d_rows,
-               int d_swizzle) {
+// rows_a: box rows of the A tile; rows_sfa: of the A-scale box (the tile's rows; more than
+// rows_a when each CTA of a cluster loads half of a multicast A tile); rows_b: box rows of
+// the B tile; d box {d_cols, d_rows} with swizzle d_swizzle bytes.
+Maps make_maps(const Fp8GemmArgs& x, uint32_t rows_a, uint32_t rows_sfa, uint32_t rows_b, uint32_t d_cols,
+               uint32_t d_rows, int d_swizzle) {
   const uint64_t m = static_cast<uint64_t>(x.m), n = static_cast<uint64_t>(x.n), k = static_cast<uint64_t>(x.k);
   Maps maps;
   maps.a = make_map_2d(CU_TENSOR_MAP_DATA_TYPE_UINT8, x.a, k, m, k, 128, rows_a, CU_TENSOR_MAP_SWIZZLE_128B, "A");
   // Scales: logical width M (not a_scale_ld), so padding entries are never read: TMA
   // zero-fills rows >= M. The row stride is the caller's a_scale_ld.
   maps.sfa = make_map_2d(CU_TENSOR_MAP_DATA_TYPE_FLOAT32, x.a_scales, m, k / 128,
-                         static_cast<uint64_t>(x.a_scale_ld) * 4, rows_a, 1, CU_TENSOR_MAP_SWIZZLE_NONE, "a_scales");
+                         static_cast<uint64_t>(x.a_scale_ld) * 4, rows_sfa, 1, CU_TENSOR_MAP_SWIZZLE_NONE, "a_scales");
   maps.b = make_map_2d(CU_TENSOR_MAP_DATA_TYPE_UINT8, x.b, k, n, k, 128, rows_b, CU_TENSOR_MAP_SWIZZLE_128B, "B");
   maps.d = make_map_2d(CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, x.d, n, m, n * 2, d_cols, d_rows, swizzle_of(d_swizzle),
                        "D");
@@ -156,8 +157,9 @@ void launch_1d2d(const Fp8GemmArgs& x, const Config& cfg, int num_sms, cudaStrea
 
   const Problem p{x.m, x.n, x.k, num_sms};
   const TileGrid g = tile_grid(cfg, p);
-  // With a cluster, each producer loads (and multicasts) BLOCK_N / kCluster rows of B.
-  const Maps maps = make_maps(x, T::BLOCK_M, T::kBRowsPerCta, T::kDSlabCols, T::BLOCK_M, T::kDSwizzle);
+  // With a cluster, each producer loads (and multicasts) 1 / kCluster of the shared tile.
+  const Maps maps =
+      make_maps(x, T::kARowsPerCta, T::BLOCK_M, T::kBRowsPerCta, T::kDSlabCols, T::BLOCK_M, T::kDSwizzle);
   const auto smem = static_cast<size_t>(smem_bytes(cfg, x.k));
   const auto m32 = static_cast<uint32_t>(x.m), n32 = static_cast<uint32_t>(x.n), k32 = static_cast<uint32_t>(x.k);
   const auto group = static_cast<uint32_t>(raster_group_m(cfg, p));
@@ -194,7 +196,7 @@ void launch_swapab(const Fp8GemmArgs& x, const Config& cfg, void* workspace, int
   const Problem p{x.m, x.n, x.k, num_sms};
   const TileGrid g = tile_grid(cfg, p);
   // Swapped roles: the token tile is the A box (BLOCK_TOK rows), the weight tile 128 rows.
-  const Maps maps = make_maps(x, T::BLOCK_TOK, T::BLOCK_W, 64, T::BLOCK_TOK, 128);
+  const Maps maps = make_maps(x, T::BLOCK_TOK, T::BLOCK_TOK, T::BLOCK_W, 64, T::BLOCK_TOK, 128);
   uint32_t* counters = nullptr;
   float* partials = nullptr;
   if (cfg.split_k > 1) {
@@ -217,7 +219,7 @@ void check_pointer(const void* p, const char* name) {
 
 bool same_kernel(const Config& a, const Config& b) {
   return a.kind == b.kind && a.block_m == b.block_m && a.block_n == b.block_n && a.math_wgs == b.math_wgs &&
-         a.stages == b.stages && a.cluster == b.cluster;
+         a.stages == b.stages && a.cluster == b.cluster && a.cluster_on_n == b.cluster_on_n;
 }
 
 }  // namespace
@@ -256,6 +258,14 @@ void run(const Fp8GemmArgs& x, const Config& cfg, void* workspace, size_t worksp
     return launch_1d2d<Gemm1d2dTraits<256, 128, 2, 3>>(x, cfg, num_sms, stream);
   if (same_kernel(cfg, {K::kGemm1d2d, 64, 128, 1, 8}))
     return launch_1d2d<Gemm1d2dTraits<64, 128, 1, 8>>(x, cfg, num_sms, stream);
+  if (same_kernel(cfg, {K::kGemm1d2d, 64, 32, 1, 15}))
+    return launch_1d2d<Gemm1d2dTraits<64, 32, 1, 15>>(x, cfg, num_sms, stream);
+  if (same_kernel(cfg, {K::kGemm1d2d, 64, 48, 1, 14}))
+    return launch_1d2d<Gemm1d2dTraits<64, 48, 1, 14>>(x, cfg, num_sms, stream);
+  if (same_kernel(cfg, {K::kGemm1d2d, 64, 64, 1, 12}))
+    return launch_1d2d<Gemm1d2dTraits<64, 64, 1, 12>>(x, cfg, num_sms, stream);
+  if (same_kernel(cfg, {K::kGemm1d2d, 64, 96, 1, 10}))
+    return launch_1d2d<Gemm1d2dTraits<64, 96, 1, 10>>(x, cfg, num_sms, stream);
   if (same_kernel(cfg, {K::kGemm1d2d, 128, 96, 2, 7}))
     return launch_1d2d<Gemm1d2dTraits<128, 96, 2, 7>>(x, cfg, num_sms, stream);
   if (same_kernel(cfg, {K::kGemm1d2d, 128, 112, 2, 6}))
@@ -270,6 +280,16 @@ void run(const Fp8GemmArgs& x, const Config& cfg, void* workspace, size_t worksp
     return launch_1d2d<Gemm1d2dTraits<128, 192, 2, 4, 2>>(x, cfg, num_sms, stream);
   if (same_kernel(cfg, {K::kGemm1d2d, 128, 160, 2, 5, 1, 2}))
     return launch_1d2d<Gemm1d2dTraits<128, 160, 2, 5, 2>>(x, cfg, num_sms, stream);
+  if (same_kernel(cfg, {K::kGemm1d2d, 128, 96, 2, 7, 1, 2, true}))
+    return launch_1d2d<Gemm1d2dTraits<128, 96, 2, 7, 2, true>>(x, cfg, num_sms, stream);
+  if (same_kernel(cfg, {K::kGemm1d2d, 128, 112, 2, 6, 1, 2, true}))
+    return launch_1d2d<Gemm1d2dTraits<128, 112, 2, 6, 2, true>>(x, cfg, num_sms, stream);
+  if (same_kernel(cfg, {K::kGemm1d2d, 128, 128, 2, 5, 1, 2, true}))
+    return launch_1d2d<Gemm1d2dTraits<128, 128, 2, 5, 2, true>>(x, cfg, num_sms, stream);
+  if (same_kernel(cfg, {K::kGemm1d2d, 128, 192, 2, 4, 1, 2, true}))
+    return launch_1d2d<Gemm1d2dTraits<128, 192, 2, 4, 2, true>>(x, cfg, num_sms, stream);
+  if (same_kernel(cfg, {K::kGemm1d2d, 64, 112, 1, 9}))
+    return launch_1d2d<Gemm1d2dTraits<64, 112, 1, 9>>(x, cfg, num_sms, stream);
   if (same_kernel(cfg, {K::kSwapAB, 16, 128, 2, 11}))
     return launch_swapab<SwapABTraits<16, 11>>(x, cfg, workspace, num_sms, stream);
   if (same_kernel(cfg, {K::kSwapAB, 32, 128, 2, 10}))

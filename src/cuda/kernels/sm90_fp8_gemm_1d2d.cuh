@@ -31,6 +31,11 @@
 //     the L2 bandwidth that caps 128-row tiles at large M). See ptx/cluster.cuh. With an odd
 //     number of M blocks the last pair's second tile lies past M: it loads zeros (TMA
 //     zero-fill) to keep the pair's pipelines in step and stores nothing.
+//   kClusterOnN: the pair takes tiles (m, 2j) and (m, 2j + 1) instead and shares the A tile
+//     (each producer loads half of its rows, multicast to both; A scales and B its own). For
+//     one-wave problems with long K (M = 256..512), where the CTAs of an M block all stream
+//     the same A rows: 128x96 tiles, 28 -> 20 KB per CTA and K block. A spare tile past N
+//     (odd N-block count) loads zero B rows, clamps its B-scale reads and stores nothing.
 //   Epilogue: fp32 -> bf16 (RNE), stmatrix into a swizzled staging tile, TMA store in
 //     slabs of kDSwizzle bytes of columns. TMA clips rows >= M and columns >= N, and its
 //     loads zero-fill them (A rows, A scales, B rows), so tails need no code.
@@ -54,14 +59,16 @@
 
 namespace fp8proj::sm90::kernels {
 
-template <int BLOCK_M_, int BLOCK_N_, int kMathWGs_, int kStages_, int kCluster_ = 1>
+template <int BLOCK_M_, int BLOCK_N_, int kMathWGs_, int kStages_, int kCluster_ = 1, bool kClusterOnN_ = false>
 struct Gemm1d2dTraits {
   static constexpr int BLOCK_M = BLOCK_M_;
   static constexpr int BLOCK_N = BLOCK_N_;
   static constexpr int kMathWGs = kMathWGs_;
   static constexpr int kStages = kStages_;
-  static constexpr int kCluster = kCluster_;    // CTAs sharing (multicasting) the B tile
-  static constexpr int kBRowsPerCta = BLOCK_N / kCluster;  // B rows each producer loads
+  static constexpr int kCluster = kCluster_;    // CTAs sharing (multicasting) one operand tile
+  static constexpr bool kClusterOnN = kCluster > 1 && kClusterOnN_;  // shared: A (along N) or B
+  static constexpr int kBRowsPerCta = kClusterOnN ? BLOCK_N : BLOCK_N / kCluster;  // rows each producer loads
+  static constexpr int kARowsPerCta = kClusterOnN ? BLOCK_M / kCluster : BLOCK_M;
   static constexpr int kSfbPrefetch = 2;        // B scales per consumer thread fetched a tile ahead
 
   static constexpr int kMathThreads = 128 * kMathWGs;
@@ -96,8 +103,8 @@ struct Gemm1d2dTraits {
 
   static_assert(kMathWGs == 1 || kMathWGs == 2, "one or two consumer warpgroups");
   static_assert(kCluster == 1 || kCluster == 2, "clusters of 1 or 2 CTAs along M");
-  static_assert(kBRowsPerCta * 128 % 1024 == 0,
-                "each multicast half of the B tile must start on a 1024-byte swizzle atom");
+  static_assert(kBRowsPerCta * 128 % 1024 == 0 && kARowsPerCta * 128 % 1024 == 0,
+                "each multicast part of a tile must start on a 1024-byte swizzle atom");
   static_assert(BLOCK_M % kWaveM == 0, "BLOCK_M must be a multiple of 64 rows per consumer warpgroup");
   static_assert(BLOCK_M <= 256 && BLOCK_N <= 256, "TMA boxes are at most 256 rows");
   static_assert(BLOCK_N % 16 == 0, "stmatrix writes 8-column chunks in pairs of rows; WGMMA N % 8");
@@ -152,10 +159,19 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   else
     __syncthreads();
 
-  // With clusters the scheduler walks pairs of M blocks: unit (m_pair, n_block) -> this CTA
-  // computes M block kCluster * m_pair + rank.
-  const GroupedTileScheduler sched(m, n, BLOCK_M * T::kCluster, BLOCK_N, group_m);
+  // With clusters the scheduler walks units of kCluster tiles: (m_pair, n_block) -> this CTA
+  // computes M block kCluster * m_pair + rank; along N, (m_block, n_pair) -> N block
+  // kCluster * n_pair + rank.
+  constexpr uint32_t kUnitM = T::kClusterOnN ? 1 : T::kCluster;
+  constexpr uint32_t kUnitN = T::kClusterOnN ? T::kCluster : 1;
+  const GroupedTileScheduler sched(m, n, BLOCK_M * kUnitM, BLOCK_N * kUnitN, group_m);
   const uint32_t rank = T::kCluster > 1 ? ptx::cluster_cta_rank() : 0;
+  auto tile_of = [&](uint32_t unit, uint32_t& m_block, uint32_t& n_block) {
+    uint32_t mu, nu;
+    sched.decode(unit, mu, nu);
+    m_block = T::kClusterOnN ? mu : mu * T::kCluster + rank;
+    n_block = T::kClusterOnN ? nu * T::kCluster + rank : nu;
+  };
   const uint32_t first_unit = blockIdx.x / T::kCluster;
   const uint32_t unit_stride = gridDim.x / T::kCluster;
   uint32_t stage = 0, phase = 0;
@@ -165,19 +181,25 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     ptx::setmaxnreg_dec<T::kProducerRegs>();
     if (threadIdx.x == T::kMathThreads) {
       for (uint32_t tile = first_unit; tile < sched.num_tiles; tile += unit_stride) {
-        uint32_t m_pair, n_block;
-        sched.decode(tile, m_pair, n_block);
-        const int32_t m0 = static_cast<int32_t>((m_pair * T::kCluster + rank) * BLOCK_M);
+        uint32_t m_block, n_block;
+        tile_of(tile, m_block, n_block);
+        const int32_t m0 = static_cast<int32_t>(m_block * BLOCK_M);
         const int32_t n0 = static_cast<int32_t>(n_block * BLOCK_N);
 #pragma unroll 1
         for (uint32_t kb = 0; kb < num_kb; ++kb) {
           ptx::mbarrier_wait(empty + stage, phase ^ 1);
           ptx::mbarrier_arrive_expect_tx(full + stage, T::kTxBytes);
           const int32_t k0 = static_cast<int32_t>(kb * 128);
-          ptx::tma_load_2d(smem + T::kOffA + stage * T::kSmemA, &tmap_a, full + stage, k0, m0);
+          if constexpr (T::kClusterOnN) {
+            const uint32_t half = rank * T::kARowsPerCta;  // this CTA's rows of the shared A tile
+            ptx::tma_load_2d_multicast(smem + T::kOffA + stage * T::kSmemA + half * 128, &tmap_a, full + stage, k0,
+                                       m0 + static_cast<int32_t>(half), (1u << T::kCluster) - 1);
+          } else {
+            ptx::tma_load_2d(smem + T::kOffA + stage * T::kSmemA, &tmap_a, full + stage, k0, m0);
+          }
           ptx::tma_load_2d(smem + T::kOffSfa + stage * T::kSmemSfa, &tmap_sfa, full + stage, m0,
                            static_cast<int32_t>(kb));
-          if constexpr (T::kCluster > 1) {
+          if constexpr (T::kCluster > 1 && !T::kClusterOnN) {
             const uint32_t half = rank * T::kBRowsPerCta;  // this CTA's rows of the shared B tile
             ptx::tma_load_2d_multicast(smem + T::kOffB + stage * T::kSmemB + half * 128, &tmap_b, full + stage, k0,
                                        n0 + static_cast<int32_t>(half), (1u << T::kCluster) - 1);
@@ -207,14 +229,14 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     // kSfbPrefetch / kSfbRows, i.e. K > 32768 for 128x192) are read when the tile starts.
     const uint32_t sfb_count = num_kb * T::kSfbRows;
     auto sfb_entry = [&](uint32_t n0, uint32_t i) {
-      const uint32_t sb_row0 = n0 / 128;
+      const uint32_t sb_row0 = min(n0 / 128, scale_blocks_n - 1);  // a cluster's spare tile past N
       const uint32_t row = i < num_kb ? sb_row0 : min(sb_row0 + 1, scale_blocks_n - 1);
       const uint32_t kb = i < num_kb ? i : i - num_kb;
       return __ldg(b_scales + static_cast<size_t>(row) * num_kb + kb);
     };
     auto n0_of = [&](uint32_t unit) {
-      uint32_t mp, nb;
-      sched.decode(unit, mp, nb);
+      uint32_t mb, nb;
+      tile_of(unit, mb, nb);
       return nb * BLOCK_N;
     };
     float sfb_next[T::kSfbPrefetch];
@@ -228,9 +250,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     }
 
     for (uint32_t tile = first_unit; tile < sched.num_tiles; tile += unit_stride) {
-      uint32_t m_pair, n_block;
-      sched.decode(tile, m_pair, n_block);
-      const uint32_t m_block = m_pair * T::kCluster + rank;
+      uint32_t m_block, n_block;
+      tile_of(tile, m_block, n_block);
       const uint32_t n0 = n_block * BLOCK_N;
 
       // The previous tile's main loop has finished reading sfb (epilogue barriers).
@@ -347,7 +368,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       }
       ptx::fence_proxy_async_shared();
       ptx::named_barrier_sync(1, T::kMathThreads);
-      if (threadIdx.x == 0 && m_block * BLOCK_M < m) {  // a cluster's spare tile past M stores nothing
+      if (threadIdx.x == 0 && m_block * BLOCK_M < m) {  // a cluster's spare tile past M or N stores nothing
 #pragma unroll
         for (int slab = 0; slab < T::kDSlabs; ++slab) {
           const uint32_t col = n0 + slab * T::kDSlabCols;

@@ -58,7 +58,7 @@ template <int N>
 struct WgmmaFp8;
 
 // ---- generated: one specialisation per N (operand lists are N/2 registers long) ----
-// N in {16, 32, 64, 96, 112, 128, 160, 192}: the token tiles of swap-AB and the 1d2d BLOCK_N.
+// N in {16, 32, 48, 64, 96, 112, 128, 160, 192}: the token tiles of swap-AB and the 1d2d BLOCK_N.
 template <>
 struct WgmmaFp8<16> {
   static constexpr int kNumAcc = 8;
@@ -88,6 +88,25 @@ struct WgmmaFp8<32> {
         "}, %16, %17, p, 1, 1;\n}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
           "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate)));
+  }
+};
+
+template <>
+struct WgmmaFp8<48> {
+  static constexpr int kNumAcc = 24;
+  __device__ __forceinline__ static void mma(uint64_t desc_a, uint64_t desc_b, float (&d)[24],
+                                             bool accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %26, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n48k32.f32.e4m3.e4m3 "
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        "%16, %17, %18, %19, %20, %21, %22, %23"
+        "}, %24, %25, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23])
         : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate)));
   }
 };

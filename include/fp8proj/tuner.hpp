@@ -56,7 +56,9 @@ struct Bucket {
 std::vector<Bucket> initial_buckets(int64_t max_m, int64_t first_hi = kDefaultFirstBucketHi);
 // The geometric middle of [lo, hi], rounded to the nearest integer (lo for a width-1 bucket).
 int64_t representative_m(int64_t lo, int64_t hi);
-// {lo, representative, hi}, sorted, without duplicates.
+// {lo, representative, hi}, sorted, without duplicates; when all three are even the
+// representative moves to its odd neighbour inside the bucket (unaligned M is the worst case
+// for some plans).
 std::vector<int64_t> sample_points(const Bucket& b);
 // [lo, rep] and [rep + 1, hi], one level deeper. Requires hi - lo >= 2.
 std::pair<Bucket, Bucket> split_bucket(const Bucket& b);

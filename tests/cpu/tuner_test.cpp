@@ -51,6 +51,9 @@ TEST(TunerBuckets, RepresentativeIsTheGeometricMiddle) {
   EXPECT_EQ(tune::sample_points({129, 256, 0}), (std::vector<int64_t>{129, 182, 256}));
   EXPECT_EQ(tune::sample_points({5, 5, 0}), (std::vector<int64_t>{5}));
   EXPECT_EQ(tune::sample_points({5, 6, 0}), (std::vector<int64_t>{5, 6}));
+  // Every bucket sees an odd M: [200, 216] is sampled at 209, not 208.
+  EXPECT_EQ(tune::sample_points({200, 216, 2}), (std::vector<int64_t>{200, 209, 216}));
+  EXPECT_EQ(tune::sample_points({200, 202, 2}), (std::vector<int64_t>{200, 201, 202}));
 }
 
 TEST(TunerBuckets, SplitAtTheRepresentative) {

@@ -316,8 +316,9 @@ std::string summary_markdown(const TuneStamp& st, const std::vector<ShapeSummary
   }
   md += fmt::format(
       "\nUnder the default `prefill` policy the decode ceiling ({}) keeps M ≤ {} on bf16 whatever the threshold, "
-      "so a threshold below {} pays only with policy `all` (which follows each bucket's verdict) or a lower "
-      "ceiling; a threshold above it always applies.\n",
+      "so a threshold below {} pays only with policy `all` or a lower ceiling. Above the ceiling both policies "
+      "follow each bucket's measured verdict (the column `policy all`); the threshold decides beyond the "
+      "table's buckets, or everywhere when one is set explicitly.\n",
       ceiling, ceiling, reference);
   for (const auto& sh : shapes) {
     md += fmt::format("\n## {} ({}×{}): threshold {}\n\n", sh.label, sh.shape.n, sh.shape.k,

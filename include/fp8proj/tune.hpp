@@ -16,7 +16,7 @@ struct TunedBucket {
   std::string fp8_config;       // ... and its configuration ("" = backend's heuristic)
   double bf16_us = 0;           // geometric mean over the bucket's measured points (its edges
   double fp8_us = 0;            // and geometric middle, tuner.hpp); FP8 quantization included
-  // The bucket's verdict, which policy `all` follows.
+  // The bucket's verdict, which the gate follows (policy `all`; `prefill` above the decode ceiling).
   bool fp8_wins() const { return fp8_us > 0 && fp8_us < bf16_us; }
 };
 

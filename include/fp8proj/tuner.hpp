@@ -17,8 +17,9 @@
 // Choice per bucket (choose_bucket):
 //   - candidate: the FP8 (backend, config) whose worst ratio to the fastest FP8 candidate at
 //     each point is smallest (minimax regret), ties by the geometric mean of those ratios;
-//   - verdict (TunedBucket::fp8_wins, policy `all`): the geometric means over the points of
-//     bf16 and of the chosen FP8 time, which is what the table stores as bf16_us / fp8_us;
+//   - verdict (TunedBucket::fp8_wins, which the gate follows; `prefill` above the ceiling):
+//     the geometric means over the points of bf16 and of the chosen FP8 time, which is what
+//     the table stores as bf16_us / fp8_us;
 //   - wins_by_margin: FP8 is faster by at least the margin (3%) at every point.
 // Threshold (select_threshold): the smallest M from which every bucket wins by the margin;
 // stored as that M - 1 (the gate runs FP8 when M > threshold); kNeverFp8 when FP8 does not

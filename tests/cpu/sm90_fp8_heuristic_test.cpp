@@ -1,8 +1,13 @@
 // Unit tests of the sm90_fp8_block configuration heuristic (host only, no GPU).
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <regex>
 #include <set>
 #include <string>
+#include <tuple>
 
 #include "fp8proj/error.hpp"
 #include "gemm/sm90_fp8_heuristic.hpp"
@@ -205,6 +210,39 @@ TEST(Sm90Fp8Heuristic, ScaleRowsAndLayoutConstants) {
   // m128n128 with 5 stages: 32 KB D + 5 x (16 + 16 + 0.5) KB + barriers.
   EXPECT_EQ(smem_fixed_bytes(KernelKind::kGemm1d2d, 128, 128, 5), 32768 + 5 * 33280 + 256);
   for (const Config& c : kernel_family()) EXPECT_LE(smem_fixed_bytes(c.kind, c.block_m, c.block_n, c.stages), kMaxSmemPerBlock);
+}
+
+// The heuristic against measurements: bench/results/h200/harness_design.log holds the time of
+// every configuration on DESIGN.md's 66 problems (6 shapes x M 16..32768) on an H200. The pick
+// must be one that was measured (a new kernel needs a new harness run), within 5% of the
+// fastest at 60 or more problems, and at least 0.98 of it on the geometric mean (2026-11-30:
+// 61 and 0.988).
+TEST(Sm90Fp8Heuristic, PicksAgainstH200Measurements) {
+  std::ifstream f(FP8PROJ_H200_DESIGN_LOG);
+  ASSERT_TRUE(f.good()) << FP8PROJ_H200_DESIGN_LOG;
+  std::map<std::tuple<int64_t, int64_t, int64_t>, std::map<std::string, double>> us;
+  const std::regex row(R"(^M=(\d+)\s+N=(\d+)\s+K=(\d+)\s+(\S+)\s+\*?\s*err=\S+ det=ok\s+([\d.]+) us)");
+  std::smatch m;
+  for (std::string line; std::getline(f, line);)
+    if (std::regex_search(line, m, row))
+      us[{std::stoll(m[1]), std::stoll(m[2]), std::stoll(m[3])}][m[4]] = std::stod(m[5]);
+  ASSERT_EQ(us.size(), 66u) << "expected DESIGN.md's 66 problems in " << FP8PROJ_H200_DESIGN_LOG;
+  int within = 0;
+  double log_sum = 0;
+  for (const auto& [mnk, configs] : us) {
+    const auto [mm, n, k] = mnk;
+    double best = 1e30;
+    for (const auto& [name, t] : configs) best = std::min(best, t);
+    const std::string pick = choose({mm, n, k, 132}).name();
+    const auto it = configs.find(pick);
+    ASSERT_TRUE(it != configs.end()) << "M=" << mm << " N=" << n << " K=" << k << ": the pick " << pick
+                                 << " was not measured; run the harness (--shapes design) again";
+    const double eff = best / it->second;
+    within += eff >= 0.95;
+    log_sum += std::log(eff);
+  }
+  EXPECT_GE(within, 60);
+  EXPECT_GE(std::exp(log_sum / static_cast<double>(us.size())), 0.98);
 }
 
 }  // namespace

@@ -20,6 +20,9 @@ struct Timing {
   int reps = 0;
 };
 
+// Median, minimum and maximum of the samples (microseconds); throws on an empty list.
+Timing summarize(std::vector<double> us);
+
 // Times fn() on the host clock.
 Timing time_host(const std::function<void()>& fn, const TimingOptions& options = {});
 // Times fn(stream) with CUDA events on `stream` (nullptr: the legacy default stream).

@@ -104,27 +104,16 @@ class ShapeCheck {
   bf16* ya() const { return ya_.data(); }
   bf16* yb() const { return yb_.data(); }
 
-  // Median of topt.reps calls per variant, the variants interleaved call by call (bf16, fp8,
-  // untuned, all, prefill, bf16, ...): clock and power drift -- the H200 caps its clock
-  // within ~0.1 s of sustained FP8 load -- hits every variant alike, where blocks of
-  // repetitions per variant left 2-4% between two layers running the same kernel.
+  // Median of topt.reps calls per variant, interleaved call by call (time_interleaved): blocks
+  // of repetitions per variant left 2-4% between two layers running the same kernel.
   void time_all(int64_t m, const TimingOptions& topt, double (&us)[kVariants]) {
-    std::vector<double> per[kVariants];
-    for (int r = 0; r < topt.reps; ++r)
-      for (int v = 0; v < kVariants; ++v) {
-        TimingOptions o = topt;
-        o.reps = 1;
-        o.warmup = r == 0 ? topt.warmup : 0;
-        ProjectionLayer* l = layers_[v].get();
-        auto fn = [&](StreamHandle st) { l->forward(x_.data(), m, ya_.data(), st); };
-        per[v].push_back(space_ == MemorySpace::device ? time_device(fn, nullptr, o).median_us
-                                                       : time_host([&] { fn(nullptr); }, o).median_us);
-      }
-    for (int v = 0; v < kVariants; ++v) {
-      std::sort(per[v].begin(), per[v].end());
-      us[v] = per[v][per[v].size() / 2];
-    }
+    std::vector<std::function<void(StreamHandle)>> fns;
+    for (int v = 0; v < kVariants; ++v)
+      fns.push_back([this, l = layers_[v].get(), m](StreamHandle st) { l->forward(x_.data(), m, ya_.data(), st); });
+    const std::vector<double> t = time_interleaved(space_, fns, topt);
+    for (int v = 0; v < kVariants; ++v) us[v] = t[v];
   }
+
 
  private:
   TunedShape row_;

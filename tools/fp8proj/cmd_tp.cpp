@@ -92,6 +92,24 @@ std::vector<double> gather(const RankContext& ctx, const std::vector<double>& mi
   return all;
 }
 
+// Every rank's table of `cols` values per row, gathered: at(r, row, j) is rank r's value,
+// worst(row, j) the largest over the ranks.
+struct RankTable {
+  std::vector<double> all;
+  size_t per_rank = 0;
+  int ranks = 1, cols = 1;
+  double at(int r, size_t row, int j) const { return all[r * per_rank + row * cols + j]; }
+  double worst(size_t row, int j) const {
+    double w = 0;
+    for (int r = 0; r < ranks; ++r) w = std::max(w, at(r, row, j));
+    return w;
+  }
+};
+
+RankTable gather_table(const RankContext& ctx, const std::vector<double>& mine, int cols) {
+  return {gather(ctx, mine), mine.size(), ctx.size, cols};
+}
+
 std::vector<bf16> download(const RankContext& ctx, const void* device, int64_t count, const char* what) {
   ctx.comm->synchronize(ctx.stream, what);
   std::vector<bf16> h(static_cast<size_t>(count));
@@ -397,8 +415,7 @@ void run_check(const CheckArgs& a) {
     const bool proj = a.what.find("proj") != std::string::npos, mla = a.what.find("mla") != std::string::npos;
     if (proj) check_projections(ctx, a, rows, vals);
     if (mla) check_mla(ctx, a, rows, vals);
-    const std::vector<double> all = gather(ctx, vals);
-    const size_t per_rank = vals.size();
+    const RankTable table = gather_table(ctx, vals, 2);  // per row: relative difference, non-finite count
     int failures = 0;
     if (ctx.root())
       fmt::print("\n  {:<70} {:>10} {:>9} {:>5}  per rank (rel. difference vs TP 1)\n", "check", "worst", "tolerance",
@@ -407,7 +424,7 @@ void run_check(const CheckArgs& a) {
       double worst = 0, bad = 0;
       std::string per;
       for (int r = 0; r < ctx.size; ++r) {
-        const double rel = all[r * per_rank + 2 * i], nb = all[r * per_rank + 2 * i + 1];
+        const double rel = table.at(r, i, 0), nb = table.at(r, i, 1);
         worst = std::max(worst, rel);
         bad += nb;
         per += fmt::format(" {:.2e}", rel);
@@ -488,15 +505,10 @@ void run_bench(const BenchArgs& a) {
         }
       }
     }
-    const std::vector<double> all = gather(ctx, vals);
+    const RankTable table = gather_table(ctx, vals, kVals);
     if (!ctx.root()) return;
-    const size_t per_rank = vals.size();
-    auto v = [&](int r, size_t row, int j) { return all[r * per_rank + row * kVals + j]; };
-    auto worst = [&](size_t row, int j) {
-      double w = 0;
-      for (int r = 0; r < ctx.size; ++r) w = std::max(w, v(r, row, j));
-      return w;
-    };
+    auto v = [&](int r, size_t row, int j) { return table.at(r, row, j); };
+    auto worst = [&](size_t row, int j) { return table.worst(row, j); };
     std::string last;
     for (size_t i = 0; i < rows.size(); ++i) {
       const Row& r = rows[i];
@@ -629,15 +641,10 @@ void run_layer(const LayerArgs& a) {
         vals.push_back(ar[i]);
       }
     }
-    const std::vector<double> all = gather(ctx, vals);
+    const RankTable table = gather_table(ctx, vals, kVals);
     if (!ctx.root()) return;
-    const size_t per_rank = vals.size();
-    auto v = [&](int r, size_t row, int j) { return all[r * per_rank + row * kVals + j]; };
-    auto worst = [&](size_t row, int j) {
-      double w = 0;
-      for (int r = 0; r < ctx.size; ++r) w = std::max(w, v(r, row, j));
-      return w;
-    };
+    auto v = [&](int r, size_t row, int j) { return table.at(r, row, j); };
+    auto worst = [&](size_t row, int j) { return table.worst(row, j); };
     std::string last;
     for (size_t i = 0; i < rows.size(); ++i) {
       const Row& r = rows[i];

@@ -254,14 +254,7 @@ class ShapeTuner {
       progress_.done(est);
       for (size_t i = 0; i < rows.size(); ++i) {
         Row& r = rows[i];
-        if (layers[i] && !samples[i].empty()) {
-          auto& v = samples[i];
-          std::sort(v.begin(), v.end());
-          const size_t n = v.size();
-          r.t = {n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]), v.front(), v.back(), static_cast<int>(n)};
-        } else {
-          r.t = {};
-        }
+        r.t = layers[i] && !samples[i].empty() ? summarize(std::move(samples[i])) : Timing{};
         ms_.push_back({m, r.fp8, r.fp8 ? r.backend : "", r.config, r.t.median_us});
         rows_.push_back(std::move(r));
       }

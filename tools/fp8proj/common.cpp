@@ -110,12 +110,8 @@ std::vector<double> time_interleaved(MemorySpace space, const std::vector<std::f
       if (fns[i]) samples[i].push_back(time_or_host(space, fns[i], one));
   }
   std::vector<double> out(fns.size(), 0.0);
-  for (size_t i = 0; i < fns.size(); ++i) {
-    auto& v = samples[i];
-    if (v.empty()) continue;
-    std::sort(v.begin(), v.end());
-    out[i] = v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-  }
+  for (size_t i = 0; i < fns.size(); ++i)
+    if (!samples[i].empty()) out[i] = summarize(std::move(samples[i])).median_us;
   return out;
 }
 

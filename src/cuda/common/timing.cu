@@ -7,8 +7,6 @@
 
 namespace fp8proj {
 
-Timing summarize(std::vector<double> us);
-
 namespace {
 // A buffer twice the L2 size; writing it evicts whatever the timed call would find cached.
 struct L2Flusher {

@@ -1,11 +1,40 @@
-// Pieces shared by the sm90_fp8_block kernels: the TMA swizzle as an address function and
-// the compile-time dispatch of a tile's offset inside its 128-column scale block.
+// Pieces shared by the sm90_fp8_block kernels: the pipeline set-up, the TMA swizzle as an
+// address function and the compile-time dispatch of a tile's offset inside its 128-column
+// scale block.
 #pragma once
+
+#include <cuda.h>
 
 #include <cstdint>
 #include <type_traits>
 
+#include "cuda/kernels/ptx/mbarrier.cuh"
+#include "cuda/kernels/ptx/tma.cuh"
+
 namespace fp8proj::sm90::kernels {
+
+// Run by the one thread that becomes the producer, before the CTA-wide (or cluster-wide)
+// barrier: traps unless the dynamic shared memory starts on a 1024-byte boundary (the swizzle
+// patterns are functions of the shared address), prefetches the four TMA descriptors and
+// initialises the kStages full/empty mbarrier pairs -- full: one arrival (the producer's
+// expect_tx); empty: `empty_arrivals` (lane 0 of every consumer warp that reads the stage).
+template <int kStages>
+__device__ __forceinline__ void init_tma_pipeline(const uint8_t* smem, const CUtensorMap* tmap_a,
+                                                  const CUtensorMap* tmap_sfa, const CUtensorMap* tmap_b,
+                                                  const CUtensorMap* tmap_d, uint64_t* full, uint64_t* empty,
+                                                  uint32_t empty_arrivals) {
+  if (ptx::smem_addr(smem) % 1024 != 0) __trap();
+  ptx::prefetch_tensormap(tmap_a);
+  ptx::prefetch_tensormap(tmap_sfa);
+  ptx::prefetch_tensormap(tmap_b);
+  ptx::prefetch_tensormap(tmap_d);
+#pragma unroll
+  for (int s = 0; s < kStages; ++s) {
+    ptx::mbarrier_init(full + s, 1);
+    ptx::mbarrier_init(empty + s, empty_arrivals);
+  }
+  ptx::mbarrier_init_fence();
+}
 
 // Byte offset of a 16-byte chunk inside a tile that TMA reads/writes with a
 // kSwizzleBytes-wide swizzle (CU_TENSOR_MAP_SWIZZLE_32B/64B/128B): bits [4, 4+b) are XORed

@@ -139,21 +139,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   const uint32_t lane = threadIdx.x % 32;
   const uint32_t num_kb = k / 128;
 
-  if (threadIdx.x == T::kMathThreads) {
-    // The swizzle patterns are functions of the shared address: the base must be aligned.
-    if (ptx::smem_addr(smem) % 1024 != 0) __trap();
-    ptx::prefetch_tensormap(&tmap_a);
-    ptx::prefetch_tensormap(&tmap_sfa);
-    ptx::prefetch_tensormap(&tmap_b);
-    ptx::prefetch_tensormap(&tmap_d);
-#pragma unroll
-    for (int s = 0; s < kStages; ++s) {
-      ptx::mbarrier_init(full + s, 1);
-      // Lane 0 of every consumer warp, of every CTA the stage's B tile is multicast to.
-      ptx::mbarrier_init(empty + s, T::kMathWGs * 4 * T::kCluster);
-    }
-    ptx::mbarrier_init_fence();
-  }
+  // Empty barriers count the consumer warps of every CTA the stage's shared tile reaches.
+  if (threadIdx.x == T::kMathThreads)
+    init_tma_pipeline<kStages>(smem, &tmap_a, &tmap_sfa, &tmap_b, &tmap_d, full, empty, T::kMathWGs * 4 * T::kCluster);
   if constexpr (T::kCluster > 1)
     ptx::cluster_sync();  // the peer's barriers are initialised before any multicast or remote arrive
   else

@@ -103,19 +103,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   const uint32_t lane = threadIdx.x % 32;
   const uint32_t num_kb = k / 128;
 
-  if (threadIdx.x == T::kMathThreads) {
-    if (ptx::smem_addr(smem) % 1024 != 0) __trap();
-    ptx::prefetch_tensormap(&tmap_a);
-    ptx::prefetch_tensormap(&tmap_sfa);
-    ptx::prefetch_tensormap(&tmap_b);
-    ptx::prefetch_tensormap(&tmap_d);
-#pragma unroll
-    for (int s = 0; s < kStages; ++s) {
-      ptx::mbarrier_init(full + s, 1);
-      ptx::mbarrier_init(empty + s, T::kMathWGs * 4);
-    }
-    ptx::mbarrier_init_fence();
-  }
+  if (threadIdx.x == T::kMathThreads)
+    init_tma_pipeline<kStages>(smem, &tmap_a, &tmap_sfa, &tmap_b, &tmap_d, full, empty, T::kMathWGs * 4);
   __syncthreads();
 
   const SplitKUnitScheduler sched(m, n, k, BLOCK_TOK, BLOCK_W, split_k);

@@ -6,7 +6,9 @@
 # the device tool returns at most 8 files, so everything else travels inside the archive).
 #
 #   bash scripts/h200.sh [step ...]      steps: info tests verify bench layer tune check
-#                                               harness sanitize  (default: all but tune/check)
+#                                               harness correctness design sanitize profile
+#                                               (default: info tests verify bench layer harness
+#                                               sanitize)
 # Each step has its own timeout so that one hang cannot eat the session.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -70,6 +72,10 @@ want tests && {
 want harness && [ -x "$BIN/sm90_fp8_gemm_harness" ] && {
   run harness_quick 240 "$BIN/sm90_fp8_gemm_harness" --quick
 }
+# correctness: the sm90 issue's sweep (M tails x DESIGN.md's shapes and N, K samples up to
+# 24576 x 16384), every configuration, no timing.
+want correctness && [ -x "$BIN/sm90_fp8_gemm_harness" ] && \
+  run harness_correctness 300 "$BIN/sm90_fp8_gemm_harness" --shapes correctness --no-timing
 # design: every kernel configuration timed on DESIGN.md's shapes (BEST/SUMMARY lines).
 want design && [ -x "$BIN/sm90_fp8_gemm_harness" ] && \
   run harness_design 240 "$BIN/sm90_fp8_gemm_harness" --shapes design --reps 15

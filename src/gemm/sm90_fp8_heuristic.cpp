@@ -243,7 +243,9 @@ TileGrid tile_grid(const Config& cfg, const Problem& p) {
 int64_t smem_bytes(const Config& cfg, int64_t k) {
   const int64_t kb = k / kBlockK;
   const int64_t fixed = smem_fixed_bytes(cfg.kind, cfg.block_m, cfg.block_n, cfg.stages);
-  if (cfg.kind == KernelKind::kGemm1d2d) return fixed + align_up(kb * b_scale_rows(cfg.block_n) * 4, 16);
+  // kGemm1d2d: each consumer warpgroup keeps its own copy of the tile's B scales (the two
+  // may be on different tiles; see the kernel's epilogue).
+  if (cfg.kind == KernelKind::kGemm1d2d) return fixed + cfg.math_wgs * align_up(kb * b_scale_rows(cfg.block_n) * 4, 16);
   return fixed + align_up(ceil_div(kb, std::max(1, cfg.split_k)) * 4, 16);
 }
 
@@ -314,11 +316,11 @@ std::vector<Config> candidates(const Problem& p) {
       if (why_illegal(c, p).empty()) out.push_back(c);
       if (c.split_k != 1 && why_illegal(base, p).empty()) out.push_back(base);
     } else if (why_illegal(base, p).empty()) {
-      // Multicast of B (pairs along M) pays only when every SM streams: at least one full wave
-      // of tiles. Multicast of A (pairs along N) targets one-wave problems too: offered once
-      // the pairs fill at least half of the SMs.
+      // Multicast (of B along M, of A along N) cuts L2->SM traffic, which bounds one-wave
+      // long-K problems too (M = 512 on 6144 x 16384: 40 KB per CTA and K block at 128 x 192):
+      // offered once the pairs fill at least half of the SMs; the measurement decides.
       const int64_t tiles = ceil_div(p.m, base.block_m) * ceil_div(p.n, base.block_n);
-      if (base.cluster > 1 && tiles < (base.cluster_on_n ? p.num_sms / 2 : p.num_sms)) continue;
+      if (base.cluster > 1 && tiles < p.num_sms / 2) continue;
       out.push_back(base);
     }
   }

@@ -7,6 +7,12 @@
    read from `cuobjdump --dump-resource-usage`.
 2. The sm90 FP8 GEMM kernels' SASS contains QGMMA (the FP8 WGMMA); a matrix kernel that
    shows only HMMA/FFMA is on a slower path.
+3. The QGMMAs are not serialized: when ptxas cannot prove that no accumulator of a wgmma in
+   flight is read (its warning C7514), it makes every QGMMA wait for the one before
+   (`WARPGROUP.DEPBAR.LE gsb0, 0x0` after each). Each kernel must chain at least one QGMMA
+   without a scoreboard wait, and the kernels whose main loop keeps two K blocks in flight
+   (1d2d with one consumer warpgroup, m64 x up to 128 columns) must wait with
+   `DEPBAR.LE gsb0, 0x1`.
 
 cuobjdump comes with the CUDA toolkit or from PyPI (nvidia-cuda-cuobjdump +
 nvidia-cuda-nvdisasm, installed by scripts/setup-deps.sh). Without it the test exits 77,
@@ -31,6 +37,15 @@ def find_tool(name):
             return hits[-1]
     cuda = os.path.join("/usr/local/cuda/bin", name)
     return cuda if os.path.exists(cuda) else None
+
+
+def pipelined(mangled):
+    """Whether the kernel's template arguments select the two-partial main loop (kPipelined)."""
+    m = re.search(r"Gemm1d2dTraitsILi(\d+)ELi(\d+)ELi(\d+)E", mangled)
+    if not m:
+        return False
+    block_m, block_n, wgs = map(int, m.groups())
+    return wgs == 1 and block_m == 64 and block_n <= 128
 
 
 def main():
@@ -70,6 +85,18 @@ def main():
     if missing:
         for name in missing:
             print("FAIL: no QGMMA in", name)
+        return 1
+    serialized = []
+    for b in gemm:
+        name = b.split("\n", 1)[0]
+        qgmma = [line for line in b.split("\n") if "QGMMA" in line]
+        if all("gsb0" in line for line in qgmma):
+            serialized.append(name + " (every QGMMA waits for the one before)")
+        if pipelined(name) and "DEPBAR.LE gsb0, 0x1" not in b:
+            serialized.append(name + " (main loop does not keep two K blocks in flight)")
+    if serialized:
+        for name in serialized:
+            print("FAIL: serialized wgmma in", name)
         return 1
     print(f"OK: {len(funcs)} kernels with zero stack/local memory; {len(gemm)} FP8 GEMM kernels use QGMMA")
     return 0

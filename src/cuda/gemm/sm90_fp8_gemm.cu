@@ -159,7 +159,7 @@ void launch_1d2d(const Fp8GemmArgs& x, const Config& cfg, int num_sms, cudaStrea
   const TileGrid g = tile_grid(cfg, p);
   // With a cluster, each producer loads (and multicasts) 1 / kCluster of the shared tile.
   const Maps maps =
-      make_maps(x, T::kARowsPerCta, T::BLOCK_M, T::kBRowsPerCta, T::kDSlabCols, T::BLOCK_M, T::kDSwizzle);
+      make_maps(x, T::kARowsPerCta, T::BLOCK_M, T::kBRowsPerCta, T::kDSlabCols, T::kDStoreRows, T::kDSwizzle);
   const auto smem = static_cast<size_t>(smem_bytes(cfg, x.k));
   const auto m32 = static_cast<uint32_t>(x.m), n32 = static_cast<uint32_t>(x.n), k32 = static_cast<uint32_t>(x.k);
   const auto group = static_cast<uint32_t>(raster_group_m(cfg, p));

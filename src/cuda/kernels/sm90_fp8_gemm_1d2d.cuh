@@ -19,9 +19,13 @@
 //     scale-d = 0), commit, wait, release the stage (after the last wave), then on the CUDA
 //     cores acc += (sa[row] * sb) * partial. The FP8 tensor-core accumulator keeps ~14 bits
 //     (DeepSeek-V3 report); promoting every 128 of K bounds that error. Two consumer
-//     warpgroups alternate on the tensor cores, hiding each other's wait + promotion.
+//     warpgroups alternate on the tensor cores, hiding each other's wait + promotion (K loop
+//     unrolled 4x: +1-4% at M = 512..4096, +10-15% at M = 256 on long K, measured). With one
+//     consumer warpgroup (the m64 tiles) the loop keeps two K blocks in flight instead: two
+//     partials, block kb + 1's MMAs issued before kb is promoted (kPipelined).
 //   B scales of the tile's 128-column scale block(s) for all of K are copied to shared
-//     memory once per tile (K/128 floats, x2 when BLOCK_N straddles two scale blocks). They
+//     memory once per tile and warpgroup (K/128 floats, x2 when BLOCK_N straddles two scale
+//     blocks; one copy per warpgroup, as the two may be a tile apart, see the epilogue). They
 //     are fetched into registers one tile ahead (kSfbPrefetch per consumer thread), so the
 //     ~0.5-1 us L2/DRAM round trip overlaps the previous tile's main loop instead of
 //     stalling both warpgroups at every tile start.
@@ -36,9 +40,12 @@
 //     one-wave problems with long K (M = 256..512), where the CTAs of an M block all stream
 //     the same A rows: 128x96 tiles, 28 -> 20 KB per CTA and K block. A spare tile past N
 //     (odd N-block count) loads zero B rows, clamps its B-scale reads and stores nothing.
-//   Epilogue: fp32 -> bf16 (RNE), stmatrix into a swizzled staging tile, TMA store in
-//     slabs of kDSwizzle bytes of columns. TMA clips rows >= M and columns >= N, and its
-//     loads zero-fill them (A rows, A scales, B rows), so tails need no code.
+//   Epilogue, per consumer warpgroup (its own barrier, no CTA-wide sync): fp32 -> bf16
+//     (RNE), stmatrix into its rows of a swizzled staging tile, TMA store in boxes of 64 rows
+//     x kDSwizzle bytes of columns. The first warpgroup done starts the next tile's MMAs
+//     while the other finishes, so the tensor cores do not idle through the epilogue. TMA
+//     clips rows >= M and columns >= N, and its loads zero-fill them (A rows, A scales, B
+//     rows), so tails need no code.
 //   Pipeline: kStages full/empty mbarrier pairs; see ptx/mbarrier.cuh for the protocol.
 //   Deterministic: every output element is produced by one CTA, in a fixed K order.
 #pragma once
@@ -69,7 +76,7 @@ struct Gemm1d2dTraits {
   static constexpr bool kClusterOnN = kCluster > 1 && kClusterOnN_;  // shared: A (along N) or B
   static constexpr int kBRowsPerCta = kClusterOnN ? BLOCK_N : BLOCK_N / kCluster;  // rows each producer loads
   static constexpr int kARowsPerCta = kClusterOnN ? BLOCK_M / kCluster : BLOCK_M;
-  static constexpr int kSfbPrefetch = 2;        // B scales per consumer thread fetched a tile ahead
+  static constexpr int kSfbPrefetch = 4;        // B scales per consumer thread fetched a tile ahead
 
   static constexpr int kMathThreads = 128 * kMathWGs;
   static constexpr int kThreads = kMathThreads + 128;
@@ -77,12 +84,19 @@ struct Gemm1d2dTraits {
   static constexpr int kWaves = BLOCK_M / kWaveM;
   static constexpr int kAcc = BLOCK_N / 2;  // fp32 accumulators per thread for m64nBLOCK_N
   static constexpr bool kStraddle = 128 % BLOCK_N != 0;
+  // One consumer warpgroup (nothing else to fill the tensor cores while it waits and
+  // promotes) and room for a second partial (acc + 2 partials <= 192 registers): the main
+  // loop issues K block kb + 1 before promoting kb. Measured on the H200 (harness A/B):
+  // 3-23% faster for the m64 tiles; with two warpgroups the other one already hides the
+  // wait, and the two-partial loop was 0-4% slower.
+  static constexpr bool kPipelined = kMathWGs == 1 && kWaves == 1 && 3 * kAcc <= 192;
   static constexpr int kSfbRows = kStraddle ? 2 : 1;
 
   // Output staging: slabs of kDSwizzle bytes (= kDSwizzle/2 bf16 columns) x BLOCK_M rows.
   static constexpr int kDSwizzle = BLOCK_N % 64 == 0 ? 128 : (BLOCK_N % 32 == 0 ? 64 : 32);
   static constexpr int kDSlabCols = kDSwizzle / 2;
   static constexpr int kDSlabs = BLOCK_N / kDSlabCols;
+  static constexpr int kDStoreRows = 64;  // TMA store box rows: one warpgroup's rows of a wave
 
   // Shared memory: D staging | A stages | B stages | A-scale stages | barriers | B scales.
   static constexpr uint32_t kSmemD = (BLOCK_M * BLOCK_N * 2 + 1023) / 1024 * 1024;
@@ -133,7 +147,6 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   extern __shared__ __align__(1024) uint8_t smem[];
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + T::kOffBar);
   uint64_t* empty = full + kStages;
-  float* sfb = reinterpret_cast<float*>(smem + T::kOffSfb);
 
   const uint32_t warp = __shfl_sync(0xffffffffu, threadIdx.x / 32, 0);  // warp-uniform
   const uint32_t lane = threadIdx.x % 32;
@@ -205,6 +218,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     // ---------------- consumer warpgroups ----------------
     ptx::setmaxnreg_inc<T::kMathRegs>();
     const uint32_t wg = warp / 4;
+    const uint32_t tid = threadIdx.x % 128;  // thread in this warpgroup
+    const uint32_t wg_barrier = 1 + wg;       // named barrier of this warpgroup's 128 threads
     const uint32_t warp_in_wg = warp % 4;
     const uint32_t row_in_wg = warp_in_wg * 16 + lane / 4;  // accumulator row (h = 0); h = 1 adds 8
     const uint32_t smem_base = ptx::smem_addr(smem);
@@ -216,6 +231,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     // fetched into registers one tile ahead; any beyond (K > 128 * kMathThreads *
     // kSfbPrefetch / kSfbRows, i.e. K > 32768 for 128x192) are read when the tile starts.
     const uint32_t sfb_count = num_kb * T::kSfbRows;
+    float* sfb = reinterpret_cast<float*>(smem + T::kOffSfb) + wg * ((sfb_count + 3) / 4 * 4);
     auto sfb_entry = [&](uint32_t n0, uint32_t i) {
       const uint32_t sb_row0 = min(n0 / 128, scale_blocks_n - 1);  // a cluster's spare tile past N
       const uint32_t row = i < num_kb ? sb_row0 : min(sb_row0 + 1, scale_blocks_n - 1);
@@ -232,7 +248,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       const uint32_t n0 = n0_of(first_unit);
 #pragma unroll
       for (int j = 0; j < T::kSfbPrefetch; ++j) {
-        const uint32_t i = threadIdx.x + j * T::kMathThreads;
+        const uint32_t i = tid + j * 128;
         sfb_next[j] = i < sfb_count ? sfb_entry(n0, i) : 0.0f;
       }
     }
@@ -242,21 +258,20 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       tile_of(tile, m_block, n_block);
       const uint32_t n0 = n_block * BLOCK_N;
 
-      // The previous tile's main loop has finished reading sfb (epilogue barriers).
+      // This warpgroup's previous main loop has finished reading its sfb (epilogue barriers).
 #pragma unroll
       for (int j = 0; j < T::kSfbPrefetch; ++j) {
-        const uint32_t i = threadIdx.x + j * T::kMathThreads;
+        const uint32_t i = tid + j * 128;
         if (i < sfb_count) sfb[i] = sfb_next[j];
       }
-      for (uint32_t i = threadIdx.x + T::kSfbPrefetch * T::kMathThreads; i < sfb_count; i += T::kMathThreads)
-        sfb[i] = sfb_entry(n0, i);
-      ptx::named_barrier_sync(1, T::kMathThreads);
+      for (uint32_t i = tid + T::kSfbPrefetch * 128; i < sfb_count; i += 128) sfb[i] = sfb_entry(n0, i);
+      ptx::named_barrier_sync(wg_barrier, 128);
       // Fetch the next tile's B scales now; they are first needed after this main loop.
       if (tile + unit_stride < sched.num_tiles) {
         const uint32_t next_n0 = n0_of(tile + unit_stride);
 #pragma unroll
         for (int j = 0; j < T::kSfbPrefetch; ++j) {
-          const uint32_t i = threadIdx.x + j * T::kMathThreads;
+          const uint32_t i = tid + j * 128;
           if (i < sfb_count) sfb_next[j] = sfb_entry(next_n0, i);
         }
       }
@@ -271,44 +286,38 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       // the second scale block.
       auto main_loop = [&](auto offset_c) {
         constexpr int kBoundary = 128 - decltype(offset_c)::value;
-#pragma unroll 1
-        for (uint32_t kb = 0; kb < num_kb; ++kb) {
-          const float sb0 = sfb[kb];
-          const float sb1 = T::kStraddle ? sfb[num_kb + kb] : sb0;
-          ptx::mbarrier_wait(full + stage, phase);
-
-          const uint64_t desc_a = ptx::make_smem_desc_sw128(smem_base + T::kOffA + stage * T::kSmemA);
-          const uint64_t desc_b = ptx::make_smem_desc_sw128(smem_base + T::kOffB + stage * T::kSmemB);
-          const float* sfa = reinterpret_cast<const float*>(smem + T::kOffSfa + stage * T::kSmemSfa);
-#pragma unroll
-          for (int w = 0; w < T::kWaves; ++w) {
-            const uint32_t row0 = w * T::kWaveM + wg * 64;
-            // Scales are read before the stage is released (the producer refills it).
-            const float sa0 = sfa[row0 + row_in_wg];
-            const float sa1 = sfa[row0 + row_in_wg + 8];
-
-            float part[kAcc];
+        if constexpr (T::kPipelined) {
+          // 4 x wgmma m64nBLOCK_Nk32 over the K block in `st` (rows row0.. of the A tile) into
+          // a fresh partial; one commit group.
+          auto issue = [&](float(&part)[kAcc], uint32_t st, uint32_t row0) {
+            const uint64_t desc_a = ptx::make_smem_desc_sw128(smem_base + T::kOffA + st * T::kSmemA);
+            const uint64_t desc_b = ptx::make_smem_desc_sw128(smem_base + T::kOffB + st * T::kSmemB);
             ptx::fence_operands(part);
             ptx::wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk) {
               // Descriptor start address is in 16-byte units: row0 rows of 128 B, kk x 32 B.
-              ptx::WgmmaFp8<BLOCK_N>::mma(desc_a + ((row0 * 128 + kk * 32) >> 4), desc_b + ((kk * 32) >> 4),
-                                          part, kk > 0);
+              ptx::WgmmaFp8<BLOCK_N>::mma(desc_a + ((row0 * 128 + kk * 32) >> 4), desc_b + ((kk * 32) >> 4), part,
+                                          kk > 0);
             }
             ptx::wgmma_commit_group();
             ptx::fence_operands(part);
-            ptx::wgmma_wait_group<0>();
-            ptx::fence_operands(part);
-            if (w == T::kWaves - 1 && lane == 0) {
+          };
+          // This warp's read of stage `st` is done: the producer may refill it.
+          auto release = [&](uint32_t st) {
+            if (lane == 0) {
               if constexpr (T::kCluster > 1) {
 #pragma unroll
-                for (uint32_t c = 0; c < T::kCluster; ++c) ptx::mbarrier_arrive_cluster(empty + stage, c);
+                for (uint32_t c = 0; c < T::kCluster; ++c) ptx::mbarrier_arrive_cluster(empty + st, c);
               } else {
-                ptx::mbarrier_arrive(empty + stage);
+                ptx::mbarrier_arrive(empty + st);
               }
             }
-
+          };
+          // acc += (sa * sb) * part: the two-level accumulation, scales applied for free.
+          auto promote = [&](float(&acc_w)[kAcc], const float(&part)[kAcc], float sa0, float sa1, uint32_t kb) {
+            const float sb0 = sfb[kb];
+            const float sb1 = T::kStraddle ? sfb[num_kb + kb] : sb0;
             const float s00 = sa0 * sb0, s10 = sa1 * sb0;
             const float s01 = sa0 * sb1, s11 = sa1 * sb1;
 #pragma unroll
@@ -316,15 +325,135 @@ __global__ void __launch_bounds__(T::kThreads, 1)
               const bool second = i * 8 >= kBoundary;  // compile-time after unrolling
               const float r0 = second ? s01 : s00;
               const float r1 = second ? s11 : s10;
-              acc[w][4 * i + 0] = fmaf(r0, part[4 * i + 0], acc[w][4 * i + 0]);
-              acc[w][4 * i + 1] = fmaf(r0, part[4 * i + 1], acc[w][4 * i + 1]);
-              acc[w][4 * i + 2] = fmaf(r1, part[4 * i + 2], acc[w][4 * i + 2]);
-              acc[w][4 * i + 3] = fmaf(r1, part[4 * i + 3], acc[w][4 * i + 3]);
+              acc_w[4 * i + 0] = fmaf(r0, part[4 * i + 0], acc_w[4 * i + 0]);
+              acc_w[4 * i + 1] = fmaf(r0, part[4 * i + 1], acc_w[4 * i + 1]);
+              acc_w[4 * i + 2] = fmaf(r1, part[4 * i + 2], acc_w[4 * i + 2]);
+              acc_w[4 * i + 3] = fmaf(r1, part[4 * i + 3], acc_w[4 * i + 3]);
             }
+          };
+          auto advance = [&]() {
+            if (++stage == kStages) {
+              stage = 0;
+              phase ^= 1;
+            }
+          };
+          const uint32_t row_base = wg * 64;
+          // One consumer warpgroup: two partials. K block kb + 1's MMAs are issued before
+          // kb's partial is promoted, so the tensor cores work through this warpgroup's
+          // wait and promotion (what the second warpgroup does for the 128-row tiles).
+          float part0[kAcc], part1[kAcc];
+          const float* sfa = reinterpret_cast<const float*>(smem + T::kOffSfa + stage * T::kSmemSfa);
+          ptx::mbarrier_wait(full + stage, phase);
+          float sa0 = sfa[row_base + row_in_wg], sa1 = sfa[row_base + row_in_wg + 8];
+          uint32_t cur = stage;
+          issue(part0, stage, row_base);
+          advance();
+          // Loads the next K block's A scales and issues its MMAs into `part`; returns its stage.
+          auto issue_next = [&](float(&part)[kAcc], float& nsa0, float& nsa1) {
+            const float* nsfa = reinterpret_cast<const float*>(smem + T::kOffSfa + stage * T::kSmemSfa);
+            ptx::mbarrier_wait(full + stage, phase);
+            nsa0 = nsfa[row_base + row_in_wg];
+            nsa1 = nsfa[row_base + row_in_wg + 8];
+            const uint32_t st = stage;
+            issue(part, st, row_base);
+            advance();
+            return st;
+          };
+          // Branch-free steady state (ptxas serializes every wgmma of a kernel in which it cannot
+          // prove that no accumulator in flight is read): pairs of K blocks while a third follows.
+          uint32_t kb = 0;
+          float nsa0, nsa1;
+          uint32_t next;
+#pragma unroll 1
+          for (; kb + 2 < num_kb; kb += 2) {  // part0 holds kb, in flight
+            next = issue_next(part1, nsa0, nsa1);
+            ptx::wgmma_wait_group<1>();
+            ptx::fence_operands(part0);
+            release(cur);
+            promote(acc[0], part0, sa0, sa1, kb);
+            cur = next, sa0 = nsa0, sa1 = nsa1;
+            next = issue_next(part0, nsa0, nsa1);  // kb + 2
+            ptx::wgmma_wait_group<1>();
+            ptx::fence_operands(part1);
+            release(cur);
+            promote(acc[0], part1, sa0, sa1, kb + 1);
+            cur = next, sa0 = nsa0, sa1 = nsa1;
           }
-          if (++stage == kStages) {
-            stage = 0;
-            phase ^= 1;
+          // One or two K blocks left; part0 holds kb, in flight.
+          if (kb + 1 < num_kb) {
+            next = issue_next(part1, nsa0, nsa1);
+            ptx::wgmma_wait_group<1>();
+            ptx::fence_operands(part0);
+            release(cur);
+            promote(acc[0], part0, sa0, sa1, kb);
+            ptx::wgmma_wait_group<0>();
+            ptx::fence_operands(part1);
+            release(next);
+            promote(acc[0], part1, nsa0, nsa1, kb + 1);
+          } else {
+            ptx::wgmma_wait_group<0>();
+            ptx::fence_operands(part0);
+            release(cur);
+            promote(acc[0], part0, sa0, sa1, kb);
+          }
+        } else {
+          // Two consumer warpgroups (or two waves): the other one's MMAs run through this
+          // one's wait and promotion.
+#pragma unroll 4
+          for (uint32_t kb = 0; kb < num_kb; ++kb) {
+            const float sb0 = sfb[kb];
+            const float sb1 = T::kStraddle ? sfb[num_kb + kb] : sb0;
+            ptx::mbarrier_wait(full + stage, phase);
+
+            const uint64_t desc_a = ptx::make_smem_desc_sw128(smem_base + T::kOffA + stage * T::kSmemA);
+            const uint64_t desc_b = ptx::make_smem_desc_sw128(smem_base + T::kOffB + stage * T::kSmemB);
+            const float* sfa = reinterpret_cast<const float*>(smem + T::kOffSfa + stage * T::kSmemSfa);
+#pragma unroll
+            for (int w = 0; w < T::kWaves; ++w) {
+              const uint32_t row0 = w * T::kWaveM + wg * 64;
+              // Scales are read before the stage is released (the producer refills it).
+              const float sa0 = sfa[row0 + row_in_wg];
+              const float sa1 = sfa[row0 + row_in_wg + 8];
+
+              float part[kAcc];
+              ptx::fence_operands(part);
+              ptx::wgmma_fence();
+#pragma unroll
+              for (int kk = 0; kk < 4; ++kk) {
+                // Descriptor start address is in 16-byte units: row0 rows of 128 B, kk x 32 B.
+                ptx::WgmmaFp8<BLOCK_N>::mma(desc_a + ((row0 * 128 + kk * 32) >> 4), desc_b + ((kk * 32) >> 4),
+                                            part, kk > 0);
+              }
+              ptx::wgmma_commit_group();
+              ptx::fence_operands(part);
+              ptx::wgmma_wait_group<0>();
+              ptx::fence_operands(part);
+              if (w == T::kWaves - 1 && lane == 0) {
+                if constexpr (T::kCluster > 1) {
+#pragma unroll
+                  for (uint32_t c = 0; c < T::kCluster; ++c) ptx::mbarrier_arrive_cluster(empty + stage, c);
+                } else {
+                  ptx::mbarrier_arrive(empty + stage);
+                }
+              }
+
+              const float s00 = sa0 * sb0, s10 = sa1 * sb0;
+              const float s01 = sa0 * sb1, s11 = sa1 * sb1;
+#pragma unroll
+              for (int i = 0; i < kAcc / 4; ++i) {
+                const bool second = i * 8 >= kBoundary;  // compile-time after unrolling
+                const float r0 = second ? s01 : s00;
+                const float r1 = second ? s11 : s10;
+                acc[w][4 * i + 0] = fmaf(r0, part[4 * i + 0], acc[w][4 * i + 0]);
+                acc[w][4 * i + 1] = fmaf(r0, part[4 * i + 1], acc[w][4 * i + 1]);
+                acc[w][4 * i + 2] = fmaf(r1, part[4 * i + 2], acc[w][4 * i + 2]);
+                acc[w][4 * i + 3] = fmaf(r1, part[4 * i + 3], acc[w][4 * i + 3]);
+              }
+            }
+            if (++stage == kStages) {
+              stage = 0;
+              phase ^= 1;
+            }
           }
         }
       };
@@ -336,8 +465,12 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       }
 
       // ---- epilogue: registers -> bf16 -> swizzled staging tile -> TMA store ----
-      if (threadIdx.x == 0) ptx::bulk_wait_group_read<0>();  // previous tile's store has read smem
-      ptx::named_barrier_sync(1, T::kMathThreads);
+      // Per warpgroup: its rows of the staging tile, its barrier, its stores. A warpgroup that
+      // finishes its tile first stores and starts the next while the other still issues MMAs
+      // (the stage barriers keep the two within kStages K blocks of each other), so the
+      // tensor cores do not idle through an epilogue.
+      if (tid == 0) ptx::bulk_wait_group_read<0>();  // its previous stores have read smem
+      ptx::named_barrier_sync(wg_barrier, 128);
 #pragma unroll
       for (int w = 0; w < T::kWaves; ++w) {
         // stmatrix .x2: lane l < 16 addresses row (l % 8) of matrix l / 8, i.e. tile row
@@ -355,19 +488,26 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         }
       }
       ptx::fence_proxy_async_shared();
-      ptx::named_barrier_sync(1, T::kMathThreads);
-      if (threadIdx.x == 0 && m_block * BLOCK_M < m) {  // a cluster's spare tile past M or N stores nothing
+      ptx::named_barrier_sync(wg_barrier, 128);
+      if (tid == 0) {
+        // Boxes of 64 rows (kDStoreRows): this warpgroup's rows of each wave. Rows past M, and
+        // a cluster's spare tile past M or N, store nothing.
 #pragma unroll
-        for (int slab = 0; slab < T::kDSlabs; ++slab) {
-          const uint32_t col = n0 + slab * T::kDSlabCols;
-          if (col < n)
-            ptx::tma_store_2d(&tmap_d, smem + slab * (BLOCK_M * T::kDSwizzle), static_cast<int32_t>(col),
-                              static_cast<int32_t>(m_block * BLOCK_M));
+        for (int w = 0; w < T::kWaves; ++w) {
+          const uint32_t row = w * T::kWaveM + wg * 64;
+          if (m_block * BLOCK_M + row >= m) break;
+#pragma unroll
+          for (int slab = 0; slab < T::kDSlabs; ++slab) {
+            const uint32_t col = n0 + slab * T::kDSlabCols;
+            if (col < n)
+              ptx::tma_store_2d(&tmap_d, smem + slab * (BLOCK_M * T::kDSwizzle) + row * T::kDSwizzle,
+                                static_cast<int32_t>(col), static_cast<int32_t>(m_block * BLOCK_M + row));
+          }
         }
         ptx::bulk_commit_group();
       }
     }
-    if (threadIdx.x == 0) ptx::bulk_wait_group<0>();
+    if (tid == 0) ptx::bulk_wait_group<0>();
   }
   // No CTA may leave while its peer can still multicast into its shared memory or arrive on
   // its barriers: every thread of both CTAs meets here.

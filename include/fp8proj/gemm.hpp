@@ -68,6 +68,14 @@ class GemmBackend {
     return {""};
   }
 
+  // For `fp8proj tune`: the first M in [lo, hi - 1] at which `config` ("" = the backend's
+  // own pick) needs one more wave of CTAs at M + 1 than at M, i.e. where its time steps up;
+  // 0 when there is none or the backend cannot tell.
+  virtual int64_t wave_step(const std::string& config, int64_t lo, int64_t hi, int64_t n, int64_t k) const {
+    (void)config, (void)lo, (void)hi, (void)n, (void)k;
+    return 0;
+  }
+
   virtual std::unique_ptr<Bf16GemmPlan> plan_bf16(const bf16* w, int64_t n, int64_t k,
                                                   const GemmPlanOptions& options) const;
   virtual std::unique_ptr<Fp8GemmPlan> plan_fp8(const Fp8WeightView& w,

@@ -29,6 +29,12 @@
 // configuration trails the fastest FP8 candidate by more than the margin at one of its points,
 // and the bucket just below the threshold when its upper points already win by the margin;
 // each split cuts at the representative M, at most max_depth times per initial bucket.
+// Steps: an FP8 kernel's time jumps where M needs one more wave of CTAs (on the H200,
+// 2048x2048 at 128x192 tiles: 132 tiles up to M = 1536, 143 from 1537: 20.6 -> 23.6 us),
+// while cuBLAS bf16 grows smoothly. A near tie (every point within margin^2 either way) that
+// straddles such a step can hide a win on one side of it: the bucket is split at the step
+// (given by a StepFn), and any bucket that is split and has a step is cut there rather than
+// at its representative.
 #pragma once
 
 #include <cstdint>
@@ -63,6 +69,8 @@ int64_t representative_m(int64_t lo, int64_t hi);
 std::vector<int64_t> sample_points(const Bucket& b);
 // [lo, rep] and [rep + 1, hi], one level deeper. Requires hi - lo >= 2.
 std::pair<Bucket, Bucket> split_bucket(const Bucket& b);
+// [lo, cut] and [cut + 1, hi], one level deeper. Requires lo <= cut < hi.
+std::pair<Bucket, Bucket> split_bucket_at(const Bucket& b, int64_t cut);
 
 // One timed call: the bf16 path, or one FP8 candidate (activation quantization included).
 struct Measurement {
@@ -91,8 +99,11 @@ BucketChoice choose_bucket(const Bucket& b, const std::vector<Measurement>& ms, 
 
 // choices sorted by M and contiguous. See the header comment.
 int64_t select_threshold(const std::vector<BucketChoice>& choices);
+// The M inside [lo, hi - 1] after which the chosen FP8 candidate's time steps up (M + 1 needs
+// one more wave), or 0 when there is none or the backend cannot tell.
+using StepFn = std::function<int64_t(const BucketChoice&)>;
 std::vector<Bucket> buckets_to_split(const std::vector<BucketChoice>& choices, int max_depth,
-                                     double margin = kDefaultMargin);
+                                     double margin = kDefaultMargin, const StepFn& step = nullptr);
 
 // The whole search for one shape: measures the initial buckets' points, chooses, splits where
 // buckets_to_split says and measures the new points, until nothing is left to split.
@@ -100,7 +111,7 @@ std::vector<Bucket> buckets_to_split(const std::vector<BucketChoice>& choices, i
 // every measurement so far. Returns the final choices, sorted by M.
 using MeasureFn = std::function<const std::vector<Measurement>&(const std::vector<int64_t>& points)>;
 std::vector<BucketChoice> search(const std::vector<Bucket>& initial, const MeasureFn& measure, int max_depth,
-                                 double margin = kDefaultMargin);
+                                 double margin = kDefaultMargin, const StepFn& step = nullptr);
 
 // The table row from the final choices (sorted, contiguous from M = 1); throws if a bucket
 // is incomplete.

@@ -55,7 +55,19 @@ std::pair<Bucket, Bucket> split_bucket(const Bucket& b) {
   return {{b.lo, r, b.depth + 1}, {r + 1, b.hi, b.depth + 1}};
 }
 
+std::pair<Bucket, Bucket> split_bucket_at(const Bucket& b, int64_t cut) {
+  FP8PROJ_CHECK(cut >= b.lo && cut < b.hi, "tune: cut ", cut, " outside bucket [", b.lo, ", ", b.hi, ")");
+  return {{b.lo, cut, b.depth + 1}, {cut + 1, b.hi, b.depth + 1}};
+}
+
 namespace {
+
+// The step inside c's bucket, or 0 (none, or outside [lo, hi - 1]).
+int64_t step_in(const BucketChoice& c, const StepFn& step) {
+  if (!step || !c.complete) return 0;
+  const int64_t s = step(c);
+  return s >= c.bucket.lo && s < c.bucket.hi ? s : 0;
+}
 
 double gmean(const std::vector<double>& v) {
   double s = 0;
@@ -143,7 +155,8 @@ int64_t select_threshold(const std::vector<BucketChoice>& choices) {
   return choices[i].bucket.lo - 1;
 }
 
-std::vector<Bucket> buckets_to_split(const std::vector<BucketChoice>& choices, int max_depth, double margin) {
+std::vector<Bucket> buckets_to_split(const std::vector<BucketChoice>& choices, int max_depth, double margin,
+                                     const StepFn& step) {
   std::vector<Bucket> out;
   auto splittable = [&](const BucketChoice& c) {
     return c.complete && c.bucket.depth < max_depth && c.bucket.hi - c.bucket.lo >= 2;
@@ -155,7 +168,11 @@ std::vector<Bucket> buckets_to_split(const std::vector<BucketChoice>& choices, i
   const double near = std::sqrt(margin);
   for (const auto& c : choices) {
     const bool verdict_close = c.fp8_wins ? c.min_speedup * near < 1.0 : c.max_speedup > near;
-    if (splittable(c) && (c.verdict_violated || verdict_close || c.worst_regret > margin)) out.push_back(c.bucket);
+    // A near tie across a step of the FP8 time: one side of the step may go the other way.
+    const bool tie_over_step =
+        c.min_speedup * margin * margin >= 1.0 && c.max_speedup <= margin * margin && step_in(c, step) != 0;
+    if (splittable(c) && (c.verdict_violated || verdict_close || c.worst_regret > margin || tie_over_step))
+      out.push_back(c.bucket);
   }
   // The bucket just below the threshold: when FP8 already wins by the margin at its upper
   // edge, a finer cut can move the threshold down.
@@ -169,7 +186,7 @@ std::vector<Bucket> buckets_to_split(const std::vector<BucketChoice>& choices, i
 }
 
 std::vector<BucketChoice> search(const std::vector<Bucket>& initial, const MeasureFn& measure, int max_depth,
-                                 double margin) {
+                                 double margin, const StepFn& step) {
   std::vector<Bucket> buckets = initial;
   std::vector<int64_t> points;
   for (const auto& b : buckets)
@@ -178,16 +195,18 @@ std::vector<BucketChoice> search(const std::vector<Bucket>& initial, const Measu
     const std::vector<Measurement>& ms = measure(points);
     std::vector<BucketChoice> choices;
     for (const auto& b : buckets) choices.push_back(choose_bucket(b, ms, margin));
-    const std::vector<Bucket> split = buckets_to_split(choices, max_depth, margin);
+    const std::vector<Bucket> split = buckets_to_split(choices, max_depth, margin, step);
     if (split.empty()) return choices;
     std::vector<Bucket> next;
     points.clear();
-    for (const auto& b : buckets) {
+    for (size_t i = 0; i < buckets.size(); ++i) {
+      const Bucket& b = buckets[i];
       if (std::find(split.begin(), split.end(), b) == split.end()) {
         next.push_back(b);
         continue;
       }
-      const auto [lo, hi] = split_bucket(b);
+      const int64_t cut = step_in(choices[i], step);
+      const auto [lo, hi] = cut ? split_bucket_at(b, cut) : split_bucket(b);
       for (const Bucket& h : {lo, hi}) {
         next.push_back(h);
         for (int64_t p : sample_points(h))

@@ -262,6 +262,41 @@ TEST(TunerSearch, RefinesTheCrossover) {
   for (const auto& c : choices) EXPECT_LE(c.bucket.depth, 2);
 }
 
+TEST(TunerSearch, SplitsANearTieAtTheFp8WaveStep) {
+  // The H200 case (2048x2048, 128x192 tiles on 132 SMs): FP8 runs one wave up to M = 1536 and
+  // two from 1537, a step of ~17%; bf16 grows smoothly. Between 1450 and 1723 the sampled
+  // points show a near tie, yet FP8 wins by ~5% just below the step.
+  auto waves = [](int64_t m) { return ((m + 127) / 128 * 11 + 131) / 132; };
+  Synthetic gpu;
+  gpu.bf16 = [](int64_t m) { return 9.7 + 0.0082 * static_cast<double>(m); };
+  gpu.fp8_a = [&](int64_t m) { return 2.5 + 18.0 * static_cast<double>(waves(m)) * (0.85 + 0.1 * m / 1536.0); };
+  gpu.fp8_b = [&](int64_t m) { return 1.05 * gpu.fp8_a(m); };
+  const tune::StepFn step = [&](const tune::BucketChoice& c) -> int64_t {
+    for (int64_t m = c.bucket.lo; m < c.bucket.hi; ++m)
+      if (waves(m + 1) > waves(m)) return m;
+    return 0;
+  };
+  // The worst ratio of the path the table picks (policy all: the bucket's verdict) to the
+  // faster of the two, over every M.
+  auto worst = [&](const TunedShape& row) {
+    double w = 1.0;
+    for (int64_t m = 1; m <= 4096; ++m) {
+      const double bf = gpu.bf16(m), f8 = gpu.fp8_a(m);
+      const double picked = row.bucket_for(m)->fp8_wins() ? f8 : bf;
+      w = std::max(w, picked / std::min(bf, f8));
+    }
+    return w;
+  };
+  Synthetic plain = gpu;
+  const TunedShape without = tune::make_tuned_shape(2048, 2048, tune::search(tune::initial_buckets(4096), std::ref(plain), 3));
+  const auto choices = tune::search(tune::initial_buckets(4096), std::ref(gpu), 3, tune::kDefaultMargin, step);
+  const TunedShape with = tune::make_tuned_shape(2048, 2048, choices);
+  EXPECT_GT(worst(without), 1.03) << "the scenario must defeat the representative-only splits";
+  EXPECT_LE(worst(with), 1.03);
+  EXPECT_TRUE(std::any_of(choices.begin(), choices.end(), [](const tune::BucketChoice& c) { return c.bucket.hi == 1536; }))
+      << "a bucket ends at the step";
+}
+
 TEST(TunerSearch, NothingToSplitWhenTheVerdictHolds) {
   Synthetic gpu;
   gpu.bf16 = [](int64_t m) { return 10.0 + 0.2 * m; };

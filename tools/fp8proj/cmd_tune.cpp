@@ -566,7 +566,12 @@ void run_tune(const TuneArgs& a) {
         st.measure(points);
         return st.measurements();
       };
-      const std::vector<tune::BucketChoice> choices = tune::search(buckets0, measure, a.max_split, margin);
+      // Where the chosen FP8 candidate's time steps up inside a bucket (one more wave).
+      const tune::StepFn step = [&](const tune::BucketChoice& c) -> int64_t {
+        const GemmBackend* be = find_backend(c.fp8_backend, GemmKind::fp8_block);
+        return be ? be->wave_step(c.fp8_config, c.bucket.lo, c.bucket.hi, job.n, job.k) : 0;
+      };
+      const std::vector<tune::BucketChoice> choices = tune::search(buckets0, measure, a.max_split, margin, step);
       progress.clear();
       print_shape_result(job, choices, tune::select_threshold(choices));
       std::fflush(stdout);

@@ -112,6 +112,27 @@ class Sm90Fp8Block final : public GemmBackend {
     return names;
   }
 
+  int64_t wave_step(const std::string& config, int64_t lo, int64_t hi, int64_t n, int64_t k) const override {
+    const int sms = current_device().sm_count;
+    // Waves of CTAs at M (-1 when the configuration cannot run it).
+    auto waves = [&](int64_t m) -> int64_t {
+      const sm90::Problem p{m, n, k, sms};
+      const sm90::Config c = config.empty() ? sm90::choose(p) : sm90::Config::parse(config);
+      if (!sm90::why_illegal(c, p).empty()) return -1;
+      const sm90::TileGrid g = sm90::tile_grid(c, p);
+      return (g.units + g.grid - 1) / g.grid;
+    };
+    try {
+      // Every tile height is a multiple of 16 rows: the wave count can only change from
+      // M = 16 j to 16 j + 1.
+      for (int64_t m = std::max<int64_t>(1, (lo + 15) / 16) * 16; m < hi; m += 16)
+        if (waves(m + 1) > waves(m)) return m;
+    } catch (const Error&) {
+      return 0;  // not one of our configuration names, or not a problem we run
+    }
+    return 0;
+  }
+
   std::unique_ptr<Fp8GemmPlan> plan_fp8(const Fp8WeightView& w, const GemmPlanOptions& o) const override {
     const std::string why = unsupported_reason(w.n, w.k);
     FP8PROJ_CHECK(why.empty(), "sm90_fp8_block cannot run ", w.n, "x", w.k, ": ", why);

@@ -16,10 +16,11 @@ namespace {
 // ---- H200 numbers the model uses (leads from KERNEL_NOTES.md; only ratios matter) ----
 constexpr double kClockGHz = 1.75;              // sustained SM clock under FP8 WGMMA load
 constexpr double kTensorFlopPerClkPerSm = 8192;  // 1979 TFLOP/s dense FP8 / 132 SMs / 1.83 GHz
-constexpr double kHbmBytesPerUs = 4.0e6;         // ~4.3 TB/s copy bandwidth, 4.0 reachable by a GEMM
+constexpr double kHbmBytesPerUs = 3.0e6;         // weight streaming by our kernels: 2.7-2.9 TB/s at M <= 128
 constexpr double kSmLoadBytesPerUs = 1.1e5;      // ~110 GB/s of L2->SM traffic per SM (TMA, 64 B/clk peak)
 constexpr double kSmDramBytesPerUs = 4.5e4;      // ~45 GB/s of DRAM streaming per SM: all SMs are needed
                                                  // to reach HBM speed (132 x 45 GB/s = 5.9 TB/s)
+constexpr double kSmDramSwapBytesPerUs = 6.0e4;  // the swap-AB kernel: 2.7 TB/s from 48 SMs (16 KB of weight per stage)
 constexpr double kLaunchUs = 3.0;                // launch + prologue + first TMA round trip
 constexpr double kUnitOverheadUs = 0.25;         // epilogue sync + store issue per unit
 // A split-K unit's hand-over: partial to global memory, fence, counter atomic, and for the last
@@ -41,7 +42,8 @@ double tensor_efficiency(const Config& c) {
   if (c.kind == KernelKind::kGemm1d2d) {
     // One warpgroup waits for its own WGMMAs before promoting; narrow N runs the tensor
     // cores below peak (m64n32: a quarter of the work per instruction of m64n128).
-    if (c.math_wgs == 1) return c.block_n >= 128 ? 0.55 : (c.block_n >= 64 ? 0.45 : 0.30);
+    // Third session: the one-warpgroup loop keeps two K blocks in flight (3-23% faster).
+    if (c.math_wgs == 1) return c.block_n >= 128 ? 0.62 : (c.block_n >= 64 ? 0.50 : 0.30);
     double e = 0.72;
     if (c.block_n <= 96) e = 0.64;
     else if (c.block_n <= 112) e = 0.68;
@@ -160,7 +162,12 @@ Model model(const Config& c, const Problem& p) {
   const int64_t m_pad = g.m_tiles * c.block_m;
   const int64_t bytes = p.n * p.k + p.m * p.k + 2 * p.m * p.n + 4 * (p.n / 128) * kb +
                         4 * p.m * kb + (g.splits > 1 ? 4 * m_pad * p.n * g.splits : 0);
-  const double t_hbm = std::max(bytes / kHbmBytesPerUs, bytes / (active_sms * kSmDramBytesPerUs));
+  // Per-SM streaming rate (H200, third session, 6144x16384 at M = 16): the swap-AB kernel
+  // 57 GB/s (48 CTAs, 37 us); the 64-row tiles, of which 16 rows exist, 8-45 GB/s from n32 to
+  // n112 (40-64 us): they are rated at half the rate there.
+  const double sm_dram = c.kind == KernelKind::kSwapAB ? kSmDramSwapBytesPerUs
+                                                        : (p.m <= 16 ? 0.5 : 1.0) * kSmDramBytesPerUs;
+  const double t_hbm = std::max(bytes / kHbmBytesPerUs, bytes / (active_sms * sm_dram));
 
   // The smaller of the two still costs a little (they overlap imperfectly); this also
   // breaks ties between memory-bound configs in favour of less SM work (e.g. swap-AB at M=1).

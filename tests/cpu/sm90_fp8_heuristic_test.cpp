@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <map>
 #include <regex>
@@ -215,8 +216,10 @@ TEST(Sm90Fp8Heuristic, ScaleRowsAndLayoutConstants) {
 // The heuristic against measurements: bench/results/h200/harness_design.log holds the time of
 // every configuration on DESIGN.md's 66 problems (6 shapes x M 16..32768) on an H200. The pick
 // must be one that was measured (a new kernel needs a new harness run), within 5% of the
-// fastest at 60 or more problems, and at least 0.98 of it on the geometric mean (2026-11-30:
-// 61 and 0.988).
+// fastest at 60 or more problems, and at least 0.98 of it on the geometric mean (2026-11-30,
+// second session's kernels: 61 and 0.988; third session's, after recalibrating the streaming
+// rates: 60 and 0.988 -- the misses are large-M picks among 128x160/192 and 256x128 within the
+// burst timings' noise).
 TEST(Sm90Fp8Heuristic, PicksAgainstH200Measurements) {
   std::ifstream f(FP8PROJ_H200_DESIGN_LOG);
   ASSERT_TRUE(f.good()) << FP8PROJ_H200_DESIGN_LOG;
@@ -229,6 +232,7 @@ TEST(Sm90Fp8Heuristic, PicksAgainstH200Measurements) {
   ASSERT_EQ(us.size(), 66u) << "expected DESIGN.md's 66 problems in " << FP8PROJ_H200_DESIGN_LOG;
   int within = 0;
   double log_sum = 0;
+  std::string misses;
   for (const auto& [mnk, configs] : us) {
     const auto [mm, n, k] = mnk;
     double best = 1e30;
@@ -240,9 +244,18 @@ TEST(Sm90Fp8Heuristic, PicksAgainstH200Measurements) {
     const double eff = best / it->second;
     within += eff >= 0.95;
     log_sum += std::log(eff);
+    if (eff < 0.95) {
+      std::string best_name;
+      for (const auto& [name, t] : configs)
+        if (t == best) best_name = name;
+      misses += "\n  M=" + std::to_string(mm) + " N=" + std::to_string(n) + " K=" + std::to_string(k) + ": pick " +
+                pick + " at " + std::to_string(eff) + " of " + best_name;
+    }
   }
-  EXPECT_GE(within, 60);
-  EXPECT_GE(std::exp(log_sum / static_cast<double>(us.size())), 0.98);
+  std::printf("heuristic vs %s: within 5%% of the best at %d of %zu problems, %.4f of it on the geometric mean\n",
+              FP8PROJ_H200_DESIGN_LOG, within, us.size(), std::exp(log_sum / static_cast<double>(us.size())));
+  EXPECT_GE(within, 60) << "picks below 0.95 of the best:" << misses;
+  EXPECT_GE(std::exp(log_sum / static_cast<double>(us.size())), 0.98) << misses;
 }
 
 }  // namespace

@@ -60,7 +60,9 @@ fi
 FP8=$BIN/fp8proj
 
 want info && {
-  { nvidia-smi; nvidia-smi -q -d CLOCK,POWER | head -60; "$FP8" info; git log -1 --format='commit %H %s' 2>/dev/null; } \
+  # The binaries' version stamp (fp8proj info, first line) names their commit; the git metadata
+  # of a device copy of the tree can be older than its files, so it is not printed.
+  { nvidia-smi; nvidia-smi -q -d CLOCK,POWER | head -60; "$FP8" info; } \
     >"$R/info.log" 2>&1
   "$FP8" info | head -20
 }

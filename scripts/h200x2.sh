@@ -44,7 +44,7 @@ summarize() {
   {
     echo "# fp8proj tensor parallelism on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1) x$(nvidia-smi -L 2>/dev/null | wc -l)"
     echo
-    echo "commit $(git rev-parse --short=12 HEAD 2>/dev/null), $(date -u +%Y-%m-%dT%H:%M:%SZ); full logs, CSV and JSON beside this file."
+    echo "binaries: $("$FP8" info 2>/dev/null | head -1), $(date -u +%Y-%m-%dT%H:%M:%SZ); full logs, CSV and JSON beside this file."
     for f in tp_tests check_threads check_procs check_env_rank0 layer_threads layer_procs bench; do
       [ -f "$R/$f.log" ] || continue
       echo; echo "## $f"; echo; echo '```'
@@ -92,7 +92,7 @@ fi
 
 want info && {
   { nvidia-smi; nvidia-smi topo -m; nvidia-smi -q -d CLOCK | head -40; "$FP8" info; "$FP8" tp id | cut -c1-16;
-    git log -1 --format='commit %H %s' 2>/dev/null; env | grep -E "^(NCCL|FP8PROJ)_" ; } >"$R/info.log" 2>&1
+    env | grep -E "^(NCCL|FP8PROJ)_" ; } >"$R/info.log" 2>&1
   tail -n 20 "$R/info.log"
   run explain 120 "$FP8" tp explain --tp 1,2 --fp8 --m 1,512,513,4096
 }

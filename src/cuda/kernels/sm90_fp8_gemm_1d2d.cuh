@@ -286,56 +286,67 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       // the second scale block.
       auto main_loop = [&](auto offset_c) {
         constexpr int kBoundary = 128 - decltype(offset_c)::value;
+        // Shared-memory descriptors of stage st's A and B tiles.
+        auto desc_a_of = [&](uint32_t st) {
+          return ptx::make_smem_desc_sw128(smem_base + T::kOffA + st * T::kSmemA);
+        };
+        auto desc_b_of = [&](uint32_t st) {
+          return ptx::make_smem_desc_sw128(smem_base + T::kOffB + st * T::kSmemB);
+        };
+        // 4 x wgmma m64nBLOCK_Nk32 over one K block (rows row0.. of the A tile) into a fresh
+        // partial; one commit group.
+        auto issue = [&](float(&part)[kAcc], uint64_t desc_a, uint64_t desc_b, uint32_t row0) {
+          ptx::fence_operands(part);
+          ptx::wgmma_fence();
+#pragma unroll
+          for (int kk = 0; kk < 4; ++kk) {
+            // Descriptor start address is in 16-byte units: row0 rows of 128 B, kk x 32 B.
+            ptx::WgmmaFp8<BLOCK_N>::mma(desc_a + ((row0 * 128 + kk * 32) >> 4), desc_b + ((kk * 32) >> 4), part,
+                                        kk > 0);
+          }
+          ptx::wgmma_commit_group();
+          ptx::fence_operands(part);
+        };
+        // This warp's read of stage `st` is done: the producer may refill it.
+        auto release = [&](uint32_t st) {
+          if (lane == 0) {
+            if constexpr (T::kCluster > 1) {
+#pragma unroll
+              for (uint32_t c = 0; c < T::kCluster; ++c) ptx::mbarrier_arrive_cluster(empty + st, c);
+            } else {
+              ptx::mbarrier_arrive(empty + st);
+            }
+          }
+        };
+        // acc += (sa * sb) * part: the two-level accumulation, scales applied for free (sb1:
+        // the B scale of the columns past the scale-block boundary).
+        auto promote = [&](float(&acc_w)[kAcc], const float(&part)[kAcc], float sa0, float sa1, float sb0,
+                           float sb1) {
+          const float s00 = sa0 * sb0, s10 = sa1 * sb0;
+          const float s01 = sa0 * sb1, s11 = sa1 * sb1;
+#pragma unroll
+          for (int i = 0; i < kAcc / 4; ++i) {
+            const bool second = i * 8 >= kBoundary;  // compile-time after unrolling
+            const float r0 = second ? s01 : s00;
+            const float r1 = second ? s11 : s10;
+            acc_w[4 * i + 0] = fmaf(r0, part[4 * i + 0], acc_w[4 * i + 0]);
+            acc_w[4 * i + 1] = fmaf(r0, part[4 * i + 1], acc_w[4 * i + 1]);
+            acc_w[4 * i + 2] = fmaf(r1, part[4 * i + 2], acc_w[4 * i + 2]);
+            acc_w[4 * i + 3] = fmaf(r1, part[4 * i + 3], acc_w[4 * i + 3]);
+          }
+        };
+        auto advance = [&]() {
+          if (++stage == kStages) {
+            stage = 0;
+            phase ^= 1;
+          }
+        };
         if constexpr (T::kPipelined) {
-          // 4 x wgmma m64nBLOCK_Nk32 over the K block in `st` (rows row0.. of the A tile) into
-          // a fresh partial; one commit group.
-          auto issue = [&](float(&part)[kAcc], uint32_t st, uint32_t row0) {
-            const uint64_t desc_a = ptx::make_smem_desc_sw128(smem_base + T::kOffA + st * T::kSmemA);
-            const uint64_t desc_b = ptx::make_smem_desc_sw128(smem_base + T::kOffB + st * T::kSmemB);
-            ptx::fence_operands(part);
-            ptx::wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < 4; ++kk) {
-              // Descriptor start address is in 16-byte units: row0 rows of 128 B, kk x 32 B.
-              ptx::WgmmaFp8<BLOCK_N>::mma(desc_a + ((row0 * 128 + kk * 32) >> 4), desc_b + ((kk * 32) >> 4), part,
-                                          kk > 0);
-            }
-            ptx::wgmma_commit_group();
-            ptx::fence_operands(part);
-          };
-          // This warp's read of stage `st` is done: the producer may refill it.
-          auto release = [&](uint32_t st) {
-            if (lane == 0) {
-              if constexpr (T::kCluster > 1) {
-#pragma unroll
-                for (uint32_t c = 0; c < T::kCluster; ++c) ptx::mbarrier_arrive_cluster(empty + st, c);
-              } else {
-                ptx::mbarrier_arrive(empty + st);
-              }
-            }
-          };
-          // acc += (sa * sb) * part: the two-level accumulation, scales applied for free.
-          auto promote = [&](float(&acc_w)[kAcc], const float(&part)[kAcc], float sa0, float sa1, uint32_t kb) {
+          // The promotion of K block kb, its B scales read here.
+          auto promote_kb = [&](const float(&part)[kAcc], float sa0, float sa1, uint32_t kb) {
             const float sb0 = sfb[kb];
             const float sb1 = T::kStraddle ? sfb[num_kb + kb] : sb0;
-            const float s00 = sa0 * sb0, s10 = sa1 * sb0;
-            const float s01 = sa0 * sb1, s11 = sa1 * sb1;
-#pragma unroll
-            for (int i = 0; i < kAcc / 4; ++i) {
-              const bool second = i * 8 >= kBoundary;  // compile-time after unrolling
-              const float r0 = second ? s01 : s00;
-              const float r1 = second ? s11 : s10;
-              acc_w[4 * i + 0] = fmaf(r0, part[4 * i + 0], acc_w[4 * i + 0]);
-              acc_w[4 * i + 1] = fmaf(r0, part[4 * i + 1], acc_w[4 * i + 1]);
-              acc_w[4 * i + 2] = fmaf(r1, part[4 * i + 2], acc_w[4 * i + 2]);
-              acc_w[4 * i + 3] = fmaf(r1, part[4 * i + 3], acc_w[4 * i + 3]);
-            }
-          };
-          auto advance = [&]() {
-            if (++stage == kStages) {
-              stage = 0;
-              phase ^= 1;
-            }
+            promote(acc[0], part, sa0, sa1, sb0, sb1);
           };
           const uint32_t row_base = wg * 64;
           // One consumer warpgroup: two partials. K block kb + 1's MMAs are issued before
@@ -346,7 +357,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           ptx::mbarrier_wait(full + stage, phase);
           float sa0 = sfa[row_base + row_in_wg], sa1 = sfa[row_base + row_in_wg + 8];
           uint32_t cur = stage;
-          issue(part0, stage, row_base);
+          issue(part0, desc_a_of(stage), desc_b_of(stage), row_base);
           advance();
           // Loads the next K block's A scales and issues its MMAs into `part`; returns its stage.
           auto issue_next = [&](float(&part)[kAcc], float& nsa0, float& nsa1) {
@@ -355,7 +366,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
             nsa0 = nsfa[row_base + row_in_wg];
             nsa1 = nsfa[row_base + row_in_wg + 8];
             const uint32_t st = stage;
-            issue(part, st, row_base);
+            issue(part, desc_a_of(st), desc_b_of(st), row_base);
             advance();
             return st;
           };
@@ -370,13 +381,13 @@ __global__ void __launch_bounds__(T::kThreads, 1)
             ptx::wgmma_wait_group<1>();
             ptx::fence_operands(part0);
             release(cur);
-            promote(acc[0], part0, sa0, sa1, kb);
+            promote_kb(part0, sa0, sa1, kb);
             cur = next, sa0 = nsa0, sa1 = nsa1;
             next = issue_next(part0, nsa0, nsa1);  // kb + 2
             ptx::wgmma_wait_group<1>();
             ptx::fence_operands(part1);
             release(cur);
-            promote(acc[0], part1, sa0, sa1, kb + 1);
+            promote_kb(part1, sa0, sa1, kb + 1);
             cur = next, sa0 = nsa0, sa1 = nsa1;
           }
           // One or two K blocks left; part0 holds kb, in flight.
@@ -385,16 +396,16 @@ __global__ void __launch_bounds__(T::kThreads, 1)
             ptx::wgmma_wait_group<1>();
             ptx::fence_operands(part0);
             release(cur);
-            promote(acc[0], part0, sa0, sa1, kb);
+            promote_kb(part0, sa0, sa1, kb);
             ptx::wgmma_wait_group<0>();
             ptx::fence_operands(part1);
             release(next);
-            promote(acc[0], part1, nsa0, nsa1, kb + 1);
+            promote_kb(part1, nsa0, nsa1, kb + 1);
           } else {
             ptx::wgmma_wait_group<0>();
             ptx::fence_operands(part0);
             release(cur);
-            promote(acc[0], part0, sa0, sa1, kb);
+            promote_kb(part0, sa0, sa1, kb);
           }
         } else {
           // Two consumer warpgroups (or two waves): the other one's MMAs run through this
@@ -405,8 +416,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
             const float sb1 = T::kStraddle ? sfb[num_kb + kb] : sb0;
             ptx::mbarrier_wait(full + stage, phase);
 
-            const uint64_t desc_a = ptx::make_smem_desc_sw128(smem_base + T::kOffA + stage * T::kSmemA);
-            const uint64_t desc_b = ptx::make_smem_desc_sw128(smem_base + T::kOffB + stage * T::kSmemB);
+            const uint64_t desc_a = desc_a_of(stage), desc_b = desc_b_of(stage);
             const float* sfa = reinterpret_cast<const float*>(smem + T::kOffSfa + stage * T::kSmemSfa);
 #pragma unroll
             for (int w = 0; w < T::kWaves; ++w) {
@@ -416,44 +426,13 @@ __global__ void __launch_bounds__(T::kThreads, 1)
               const float sa1 = sfa[row0 + row_in_wg + 8];
 
               float part[kAcc];
-              ptx::fence_operands(part);
-              ptx::wgmma_fence();
-#pragma unroll
-              for (int kk = 0; kk < 4; ++kk) {
-                // Descriptor start address is in 16-byte units: row0 rows of 128 B, kk x 32 B.
-                ptx::WgmmaFp8<BLOCK_N>::mma(desc_a + ((row0 * 128 + kk * 32) >> 4), desc_b + ((kk * 32) >> 4),
-                                            part, kk > 0);
-              }
-              ptx::wgmma_commit_group();
-              ptx::fence_operands(part);
+              issue(part, desc_a, desc_b, row0);
               ptx::wgmma_wait_group<0>();
               ptx::fence_operands(part);
-              if (w == T::kWaves - 1 && lane == 0) {
-                if constexpr (T::kCluster > 1) {
-#pragma unroll
-                  for (uint32_t c = 0; c < T::kCluster; ++c) ptx::mbarrier_arrive_cluster(empty + stage, c);
-                } else {
-                  ptx::mbarrier_arrive(empty + stage);
-                }
-              }
-
-              const float s00 = sa0 * sb0, s10 = sa1 * sb0;
-              const float s01 = sa0 * sb1, s11 = sa1 * sb1;
-#pragma unroll
-              for (int i = 0; i < kAcc / 4; ++i) {
-                const bool second = i * 8 >= kBoundary;  // compile-time after unrolling
-                const float r0 = second ? s01 : s00;
-                const float r1 = second ? s11 : s10;
-                acc[w][4 * i + 0] = fmaf(r0, part[4 * i + 0], acc[w][4 * i + 0]);
-                acc[w][4 * i + 1] = fmaf(r0, part[4 * i + 1], acc[w][4 * i + 1]);
-                acc[w][4 * i + 2] = fmaf(r1, part[4 * i + 2], acc[w][4 * i + 2]);
-                acc[w][4 * i + 3] = fmaf(r1, part[4 * i + 3], acc[w][4 * i + 3]);
-              }
+              if (w == T::kWaves - 1) release(stage);
+              promote(acc[w], part, sa0, sa1, sb0, sb1);
             }
-            if (++stage == kStages) {
-              stage = 0;
-              phase ^= 1;
-            }
+            advance();
           }
         }
       };

@@ -227,8 +227,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 
     // B scales of a tile for every K block: entry i < num_kb is (scale block n0/128, K block
     // i), entry num_kb + i the next scale block (clamped inside N: a tail tile's columns past
-    // N are never stored). Entries i = threadIdx.x + j * kMathThreads, j < kSfbPrefetch, are
-    // fetched into registers one tile ahead; any beyond (K > 128 * kMathThreads *
+    // N are never stored). Each warpgroup keeps its own copy; its entries i = tid + 128 j,
+    // j < kSfbPrefetch, are fetched into registers one tile ahead; any beyond (K > 128 * 128 *
     // kSfbPrefetch / kSfbRows, i.e. K > 32768 for 128x192) are read when the tile starts.
     const uint32_t sfb_count = num_kb * T::kSfbRows;
     float* sfb = reinterpret_cast<float*>(smem + T::kOffSfb) + wg * ((sfb_count + 3) / 4 * 4);

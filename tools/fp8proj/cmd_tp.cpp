@@ -215,6 +215,19 @@ ProjectionOptions proj_options(const std::string& name, bool fp8, bool forced, i
 
 // ---- tp explain -----------------------------------------------------------------------------
 
+// The head of the JSON results of `tp bench` and `tp layer`: stamp, TP size, process model,
+// NCCL version and how the times were taken (RankTimer).
+nlohmann::json result_head(const RankContext& ctx, const TpArgs& a) {
+  nlohmann::json j;
+  j["stamp"] = result_stamp();
+  j["tp"] = ctx.size;
+  j["process_model"] = to_string(ctx.model);
+  j["nccl"] = nccl_version();
+  j["timing"] = {{"reps", a.reps}, {"warmup", a.warmup}, {"l2_flush", !a.no_flush}, {"statistic", "median"},
+                 {"barrier", "1-element all-reduce before every timed call"}};
+  return j;
+}
+
 struct ExplainArgs {
   std::vector<std::string> models = {"glm5"};
   std::string tp = "2";
@@ -540,13 +553,7 @@ void run_bench(const BenchArgs& a) {
       write_text(a.csv, csv);
     }
     if (!a.json.empty()) {
-      nlohmann::json j;
-      j["stamp"] = result_stamp();
-      j["tp"] = ctx.size;
-      j["process_model"] = to_string(ctx.model);
-      j["nccl"] = nccl_version();
-      j["timing"] = {{"reps", a.reps}, {"warmup", a.warmup}, {"l2_flush", !a.no_flush}, {"statistic", "median"},
-                     {"barrier", "1-element all-reduce before every timed call"}};
+      nlohmann::json j = result_head(ctx, a);
       for (int rk = 0; rk < ctx.size; ++rk)
         for (size_t i = 0; i < rows.size(); ++i) {
           const Row& r = rows[i];
@@ -677,14 +684,8 @@ void run_layer(const LayerArgs& a) {
       write_text(a.csv, csv);
     }
     if (!a.json.empty()) {
-      nlohmann::json j;
-      j["stamp"] = result_stamp();
-      j["tp"] = ctx.size;
-      j["process_model"] = to_string(ctx.model);
-      j["nccl"] = nccl_version();
+      nlohmann::json j = result_head(ctx, a);
       j["what"] = "MLA block prefill, TP 1 next to TP R; per-rank times; TP R = slowest rank";
-      j["timing"] = {{"reps", a.reps}, {"warmup", a.warmup}, {"l2_flush", !a.no_flush}, {"statistic", "median"},
-                     {"barrier", "1-element all-reduce before every timed call"}};
       for (int rk = 0; rk < ctx.size; ++rk)
         for (size_t i = 0; i < rows.size(); ++i) {
           const Row& r = rows[i];

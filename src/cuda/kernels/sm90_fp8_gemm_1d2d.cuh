@@ -223,6 +223,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     const uint32_t warp_in_wg = warp % 4;
     const uint32_t row_in_wg = warp_in_wg * 16 + lane / 4;  // accumulator row (h = 0); h = 1 adds 8
     const uint32_t smem_base = ptx::smem_addr(smem);
+    // Warp-uniform descriptor low words (__shfl_sync lets the compiler keep them, and the
+    // per-WGMMA adds, in uniform registers): A at this warpgroup's first row, B.
+    const uint32_t a_desc_lo = __shfl_sync(0xffffffffu, (smem_base + T::kOffA + wg * 64 * 128) >> 4, 0);
+    const uint32_t b_desc_lo = __shfl_sync(0xffffffffu, (smem_base + T::kOffB) >> 4, 0);
     const uint32_t scale_blocks_n = n / 128;
 
     // B scales of a tile for every K block: entry i < num_kb is (scale block n0/128, K block
@@ -286,23 +290,20 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       // the second scale block.
       auto main_loop = [&](auto offset_c) {
         constexpr int kBoundary = 128 - decltype(offset_c)::value;
-        // Shared-memory descriptors of stage st's A and B tiles.
-        auto desc_a_of = [&](uint32_t st) {
-          return ptx::make_smem_desc_sw128(smem_base + T::kOffA + st * T::kSmemA);
-        };
-        auto desc_b_of = [&](uint32_t st) {
-          return ptx::make_smem_desc_sw128(smem_base + T::kOffB + st * T::kSmemB);
-        };
-        // 4 x wgmma m64nBLOCK_Nk32 over one K block (rows row0.. of the A tile) into a fresh
-        // partial; one commit group.
-        auto issue = [&](float(&part)[kAcc], uint64_t desc_a, uint64_t desc_b, uint32_t row0) {
+        // Descriptor low words (start address / 16) of stage st's A and B tiles; A starts at
+        // this warpgroup's first row.
+        auto desc_a_of = [&](uint32_t st) { return a_desc_lo + st * (T::kSmemA >> 4); };
+        auto desc_b_of = [&](uint32_t st) { return b_desc_lo + st * (T::kSmemB >> 4); };
+        // 4 x wgmma m64nBLOCK_Nk32 over one K block (rows w * kWaveM.. of this warpgroup's part
+        // of the A tile) into a fresh partial; one commit group.
+        auto issue = [&](float(&part)[kAcc], uint32_t desc_a, uint32_t desc_b, uint32_t wave_row) {
           ptx::fence_operands(part);
           ptx::wgmma_fence();
 #pragma unroll
           for (int kk = 0; kk < 4; ++kk) {
-            // Descriptor start address is in 16-byte units: row0 rows of 128 B, kk x 32 B.
-            ptx::WgmmaFp8<BLOCK_N>::mma(desc_a + ((row0 * 128 + kk * 32) >> 4), desc_b + ((kk * 32) >> 4), part,
-                                        kk > 0);
+            // Start address in 16-byte units: wave_row rows of 128 B, kk x 32 B.
+            ptx::WgmmaFp8<BLOCK_N>::mma(ptx::smem_desc_sw128_from_lo(desc_a + ((wave_row * 128 + kk * 32) >> 4)),
+                                        ptx::smem_desc_sw128_from_lo(desc_b + ((kk * 32) >> 4)), part, kk > 0);
           }
           ptx::wgmma_commit_group();
           ptx::fence_operands(part);
@@ -357,7 +358,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           ptx::mbarrier_wait(full + stage, phase);
           float sa0 = sfa[row_base + row_in_wg], sa1 = sfa[row_base + row_in_wg + 8];
           uint32_t cur = stage;
-          issue(part0, desc_a_of(stage), desc_b_of(stage), row_base);
+          issue(part0, desc_a_of(stage), desc_b_of(stage), 0);
           advance();
           // Loads the next K block's A scales and issues its MMAs into `part`; returns its stage.
           auto issue_next = [&](float(&part)[kAcc], float& nsa0, float& nsa1) {
@@ -366,7 +367,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
             nsa0 = nsfa[row_base + row_in_wg];
             nsa1 = nsfa[row_base + row_in_wg + 8];
             const uint32_t st = stage;
-            issue(part, desc_a_of(st), desc_b_of(st), row_base);
+            issue(part, desc_a_of(st), desc_b_of(st), 0);
             advance();
             return st;
           };
@@ -416,7 +417,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
             const float sb1 = T::kStraddle ? sfb[num_kb + kb] : sb0;
             ptx::mbarrier_wait(full + stage, phase);
 
-            const uint64_t desc_a = desc_a_of(stage), desc_b = desc_b_of(stage);
+            const uint32_t desc_a = desc_a_of(stage), desc_b = desc_b_of(stage);
             const float* sfa = reinterpret_cast<const float*>(smem + T::kOffSfa + stage * T::kSmemSfa);
 #pragma unroll
             for (int w = 0; w < T::kWaves; ++w) {
@@ -426,7 +427,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
               const float sa1 = sfa[row0 + row_in_wg + 8];
 
               float part[kAcc];
-              issue(part, desc_a, desc_b, row0);
+              issue(part, desc_a, desc_b, w * T::kWaveM);
               ptx::wgmma_wait_group<0>();
               ptx::fence_operands(part);
               if (w == T::kWaves - 1) release(stage);

@@ -142,6 +142,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     const uint32_t wg = warp / 4;
     const uint32_t warp_in_wg = warp % 4;
     const uint32_t smem_base = ptx::smem_addr(smem);
+    // Warp-uniform descriptor low words (start address / 16; see smem_desc_sw128_from_lo):
+    // this warpgroup's 64 weight rows, the token tile.
+    const uint32_t w_desc_lo = __shfl_sync(0xffffffffu, (smem_base + T::kOffW + wg * 64 * 128) >> 4, 0);
+    const uint32_t tok_desc_lo = __shfl_sync(0xffffffffu, (smem_base + T::kOffTok) >> 4, 0);
     // Accumulator columns (tokens) of this thread: 8i + 2(lane % 4) + {0, 1}.
     const uint32_t tok_pair = 2 * (lane % 4);
 
@@ -168,15 +172,15 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 #pragma unroll
         for (int i = 0; i < kAcc / 4; ++i) sa[i] = *reinterpret_cast<const float2*>(sfa + 8 * i + tok_pair);
 
-        const uint64_t desc_w =
-            ptx::make_smem_desc_sw128(smem_base + T::kOffW + stage * T::kSmemW + wg * 64 * 128);
-        const uint64_t desc_tok = ptx::make_smem_desc_sw128(smem_base + T::kOffTok + stage * T::kSmemTok);
+        const uint32_t desc_w = w_desc_lo + stage * (T::kSmemW >> 4);
+        const uint32_t desc_tok = tok_desc_lo + stage * (T::kSmemTok >> 4);
         float part[kAcc];
         ptx::fence_operands(part);
         ptx::wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)
-          ptx::WgmmaFp8<BLOCK_TOK>::mma(desc_w + ((kk * 32) >> 4), desc_tok + ((kk * 32) >> 4), part, kk > 0);
+          ptx::WgmmaFp8<BLOCK_TOK>::mma(ptx::smem_desc_sw128_from_lo(desc_w + ((kk * 32) >> 4)),
+                                        ptx::smem_desc_sw128_from_lo(desc_tok + ((kk * 32) >> 4)), part, kk > 0);
         ptx::wgmma_commit_group();
         ptx::fence_operands(part);
         ptx::wgmma_wait_group<0>();

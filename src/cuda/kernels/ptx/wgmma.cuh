@@ -29,6 +29,17 @@ __device__ __forceinline__ uint64_t make_smem_desc_sw128(uint32_t smem_byte_addr
          (kLayoutSw128 << 62);
 }
 
+// The same descriptor from its low word: the start-address field (byte address / 16) is
+// the only part that changes between tiles, stages and k steps, so kernels keep it as one
+// warp-uniform 32-bit value (uniform registers, one add per WGMMA) and pack the constant
+// high word (stride byte offset 1024, 128B swizzle) only here.
+__device__ __forceinline__ uint64_t smem_desc_sw128_from_lo(uint32_t lo) {
+  constexpr uint32_t kHi = (1024 >> 4) | (1u << 30);
+  uint64_t d;
+  asm("mov.b64 %0, {%1, %2};" : "=l"(d) : "r"(lo), "r"(kHi));
+  return d;
+}
+
 // Orders this warpgroup's prior register/shared accesses before the following wgmma.
 __device__ __forceinline__ void wgmma_fence() {
   asm volatile("wgmma.fence.sync.aligned;" ::: "memory");

@@ -105,14 +105,15 @@ want check && {  # a corrupt and a mismatched table are rejected with one line; 
 want sanitize && command -v compute-sanitizer >/dev/null && {
   # memcheck over the GPU tests (minus the exhaustive 2^32-input conversions and the timing
   # loops, which only repeat what is checked elsewhere) and over the GEMM harness on a small
-  # and a large shape; racecheck on the harness (the shared-memory pipelines).
+  # and a large shape; racecheck on the harness (the shared-memory pipelines). 2304 x 4096
+  # has >= 2 tiles per SM for every tile size, so the carrying (_c) kernels run too.
   run memcheck_tests 240 compute-sanitizer --tool memcheck --error-exitcode 9 "$BIN/fp8proj_gpu_tests" \
     --gtest_filter='-*HardwareCvt*:*Speed*:*Bandwidth*'
   [ -x "$BIN/sm90_fp8_gemm_harness" ] && {
     run memcheck_gemm 150 compute-sanitizer --tool memcheck --error-exitcode 9 "$BIN/sm90_fp8_gemm_harness" \
       --no-timing --mnk 100,640,384 --mnk 33,2048,1536 --mnk 4097,6144,2048
     run racecheck_gemm 150 compute-sanitizer --tool racecheck --error-exitcode 9 "$BIN/sm90_fp8_gemm_harness" \
-      --no-timing --mnk 100,640,384 --mnk 1000,2048,1024
+      --no-timing --mnk 100,640,384 --mnk 1000,2048,1024 --mnk 2304,4096,256
   }
 }
 want profile && command -v ncu >/dev/null && [ -x "$BIN/sm90_fp8_gemm_harness" ] && {

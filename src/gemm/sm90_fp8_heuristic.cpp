@@ -103,6 +103,13 @@ const std::vector<Config> kFamily = {
     {KernelKind::kGemm1d2d, 64, 64, 1, 12, 1},
     {KernelKind::kGemm1d2d, 64, 96, 1, 10, 1},
     {KernelKind::kGemm1d2d, 64, 112, 1, 9, 1},
+    // Large M, many tiles per CTA: the same tiles carrying the next tile's first K block
+    // across the epilogue (harness A/B on the H200: +1-4% at M >= 4096, 2-4% slower at
+    // M = 256..1024 -- hence separate configurations, offered from two tiles per CTA).
+    {KernelKind::kGemm1d2d, 128, 128, 2, 5, 1, 1, false, true},
+    {KernelKind::kGemm1d2d, 128, 160, 2, 5, 1, 1, false, true},
+    {KernelKind::kGemm1d2d, 128, 192, 2, 4, 1, 1, false, true},
+    {KernelKind::kGemm1d2d, 256, 128, 2, 3, 1, 1, false, true},
     // Small M: weights as the 64-row WGMMA operand, tokens as N = 16/32/64/128.
     {KernelKind::kSwapAB, 16, 128, 2, 11, 1},
     {KernelKind::kSwapAB, 32, 128, 2, 10, 1},
@@ -179,10 +186,14 @@ Model model(const Config& c, const Problem& p) {
 
 std::string Config::name() const {
   std::string s = kind == KernelKind::kSwapAB ? "swapab_" : "";
-  s += "m" + std::to_string(block_m) + "n" + std::to_string(block_n) + "_ws" +
-       std::to_string(math_wgs) + "_st" + std::to_string(stages);
-  if (cluster > 1) s += (cluster_on_n ? "_mcn" : "_mc") + std::to_string(cluster);
-  if (split_k > 1) s += "_sk" + std::to_string(split_k);
+  auto field = [&s](const char* key, int v) { s.append(key).append(std::to_string(v)); };
+  field("m", block_m);
+  field("n", block_n);
+  field("_ws", math_wgs);
+  field("_st", stages);
+  if (cluster > 1) field(cluster_on_n ? "_mcn" : "_mc", cluster);
+  if (carry) s.append("_c");
+  if (split_k > 1) field("_sk", split_k);
   return s;
 }
 
@@ -199,19 +210,26 @@ Config Config::parse(std::string_view name) {
   c.split_k = 1;
   c.cluster = 1;
   c.cluster_on_n = false;
+  c.carry = false;
   if (ok && s.substr(0, 4) == "_mcn") {
     ok = parse_int(s, "_mcn", c.cluster) && c.cluster > 1;
     c.cluster_on_n = true;
   } else if (ok && s.substr(0, 3) == "_mc") {
     ok = parse_int(s, "_mc", c.cluster) && c.cluster > 1;
   }
+  if (ok && s.substr(0, 2) == "_c") {
+    c.carry = true;
+    s.remove_prefix(2);
+  }
   if (ok && !s.empty()) ok = parse_int(s, "_sk", c.split_k) && c.split_k > 1;
   FP8PROJ_CHECK(ok && s.empty(), "sm90 config name '", name,
-                "' is not of the form [swapab_]m<BM>n<BN>_ws<W>_st<S>[_mc<C>|_mcn<C>][_sk<K>], e.g. m128n128_ws2_st5");
+                "' is not of the form [swapab_]m<BM>n<BN>_ws<W>_st<S>[_mc<C>|_mcn<C>][_c][_sk<K>], e.g. m128n128_ws2_st5");
   FP8PROJ_CHECK(c.cluster == 1 || c.kind == KernelKind::kGemm1d2d, "sm90 config name '", name,
                 "': clusters (_mc) exist only for the 1d2d kernels");
   FP8PROJ_CHECK(c.split_k == 1 || c.kind == KernelKind::kSwapAB, "sm90 config name '", name,
                 "': split-K (_sk) exists only for swapab_ kernels");
+  FP8PROJ_CHECK(!c.carry || (c.kind == KernelKind::kGemm1d2d && c.math_wgs == 2), "sm90 config name '", name,
+                "': the carried K block (_c) exists only for two-warpgroup 1d2d kernels");
   return c;
 }
 
@@ -328,6 +346,8 @@ std::vector<Config> candidates(const Problem& p) {
       // offered once the pairs fill at least half of the SMs; the measurement decides.
       const int64_t tiles = ceil_div(p.m, base.block_m) * ceil_div(p.n, base.block_n);
       if (base.cluster > 1 && tiles < p.num_sms / 2) continue;
+      // Carrying a K block into the next tile needs a next tile: offered from two per CTA.
+      if (base.carry && tiles < 2 * p.num_sms) continue;
       out.push_back(base);
     }
   }

@@ -20,8 +20,13 @@
 //                                 multicast to the pair computing N blocks 2j and 2j+1 of one
 //                                 M block -- for one-wave problems whose every CTA re-reads
 //                                 the same few A rows (M = 256..512, long K)
+//   "m256n128_ws2_st3_c"          kGemm1d2d that carries each CTA's next tile's first K block
+//                                 across the epilogue (its MMAs issued before the stores), so
+//                                 the tensor cores do not idle there; pays at many tiles per
+//                                 CTA (large M), costs a little at one or two
 //   "swapab_m16n128_ws2_st11_sk4" kSwapAB,   16 tokens x 128 weight rows, 11 stages, split-K 4
-// "_mcC"/"_mcnC" appear only when C > 1 (kGemm1d2d), "_skS" only when S > 1 (kSwapAB).
+// "_mcC"/"_mcnC" appear only when C > 1 (kGemm1d2d), "_c" only for two-warpgroup kGemm1d2d,
+// "_skS" only when S > 1 (kSwapAB).
 #pragma once
 
 #include <cstddef>
@@ -43,6 +48,7 @@ struct Config {
   int split_k = 1;    // kSwapAB only: K is cut into split_k contiguous ranges of 128-blocks
   int cluster = 1;    // kGemm1d2d only: CTAs per cluster (1 or 2) sharing one operand tile
   bool cluster_on_n = false;  // cluster > 1: along N sharing A ("_mcn"), else along M sharing B
+  bool carry = false;  // kGemm1d2d, 2 warpgroups: next tile's first K block issued before the epilogue ("_c")
 
   std::string name() const;
   // Throws fp8proj::Error naming the text when it is not a config name (grammar above).

@@ -219,7 +219,7 @@ void check_pointer(const void* p, const char* name) {
 
 bool same_kernel(const Config& a, const Config& b) {
   return a.kind == b.kind && a.block_m == b.block_m && a.block_n == b.block_n && a.math_wgs == b.math_wgs &&
-         a.stages == b.stages && a.cluster == b.cluster && a.cluster_on_n == b.cluster_on_n;
+         a.stages == b.stages && a.cluster == b.cluster && a.cluster_on_n == b.cluster_on_n && a.carry == b.carry;
 }
 
 }  // namespace
@@ -288,6 +288,14 @@ void run(const Fp8GemmArgs& x, const Config& cfg, void* workspace, size_t worksp
     return launch_1d2d<Gemm1d2dTraits<128, 128, 2, 5, 2, true>>(x, cfg, num_sms, stream);
   if (same_kernel(cfg, {K::kGemm1d2d, 128, 192, 2, 4, 1, 2, true}))
     return launch_1d2d<Gemm1d2dTraits<128, 192, 2, 4, 2, true>>(x, cfg, num_sms, stream);
+  if (same_kernel(cfg, {K::kGemm1d2d, 128, 128, 2, 5, 1, 1, false, true}))
+    return launch_1d2d<Gemm1d2dTraits<128, 128, 2, 5, 1, false, true>>(x, cfg, num_sms, stream);
+  if (same_kernel(cfg, {K::kGemm1d2d, 128, 160, 2, 5, 1, 1, false, true}))
+    return launch_1d2d<Gemm1d2dTraits<128, 160, 2, 5, 1, false, true>>(x, cfg, num_sms, stream);
+  if (same_kernel(cfg, {K::kGemm1d2d, 128, 192, 2, 4, 1, 1, false, true}))
+    return launch_1d2d<Gemm1d2dTraits<128, 192, 2, 4, 1, false, true>>(x, cfg, num_sms, stream);
+  if (same_kernel(cfg, {K::kGemm1d2d, 256, 128, 2, 3, 1, 1, false, true}))
+    return launch_1d2d<Gemm1d2dTraits<256, 128, 2, 3, 1, false, true>>(x, cfg, num_sms, stream);
   if (same_kernel(cfg, {K::kGemm1d2d, 64, 112, 1, 9}))
     return launch_1d2d<Gemm1d2dTraits<64, 112, 1, 9>>(x, cfg, num_sms, stream);
   if (same_kernel(cfg, {K::kSwapAB, 16, 128, 2, 11}))

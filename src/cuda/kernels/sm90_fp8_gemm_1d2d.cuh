@@ -45,7 +45,9 @@
 //     x kDSwizzle bytes of columns. The first warpgroup done starts the next tile's MMAs
 //     while the other finishes, so the tensor cores do not idle through the epilogue. TMA
 //     clips rows >= M and columns >= N, and its loads zero-fill them (A rows, A scales, B
-//     rows), so tails need no code.
+//     rows), so tails need no code. kCarry ("_c" configurations) goes further: each
+//     warpgroup issues K block 0 of its next tile before storing this one, and promotes it
+//     (scale-block boundary chosen at run time) after the epilogue.
 //   Pipeline: kStages full/empty mbarrier pairs; see ptx/mbarrier.cuh for the protocol.
 //   Deterministic: every output element is produced by one CTA, in a fixed K order.
 #pragma once
@@ -66,7 +68,8 @@
 
 namespace fp8proj::sm90::kernels {
 
-template <int BLOCK_M_, int BLOCK_N_, int kMathWGs_, int kStages_, int kCluster_ = 1, bool kClusterOnN_ = false>
+template <int BLOCK_M_, int BLOCK_N_, int kMathWGs_, int kStages_, int kCluster_ = 1, bool kClusterOnN_ = false,
+          bool kCarry_ = false>
 struct Gemm1d2dTraits {
   static constexpr int BLOCK_M = BLOCK_M_;
   static constexpr int BLOCK_N = BLOCK_N_;
@@ -90,6 +93,11 @@ struct Gemm1d2dTraits {
   // 3-23% faster for the m64 tiles; with two warpgroups the other one already hides the
   // wait, and the two-partial loop was 0-4% slower.
   static constexpr bool kPipelined = kMathWGs == 1 && kWaves == 1 && 3 * kAcc <= 192;
+  // Two consumer warpgroups: K block 0 of a CTA's next tile is issued before this tile's
+  // epilogue ("_c" configurations; see issue_carried). Measured on the H200 (harness A/B):
+  // +1-4% at M >= 4096 (many tiles per CTA), 2-4% slower at M = 256..1024, so it is a
+  // separate configuration that the tuner picks per M.
+  static constexpr bool kCarry = kCarry_;
   static constexpr int kSfbRows = kStraddle ? 2 : 1;
 
   // Output staging: slabs of kDSwizzle bytes (= kDSwizzle/2 bf16 columns) x BLOCK_M rows.
@@ -116,6 +124,7 @@ struct Gemm1d2dTraits {
   static constexpr uint32_t kMathRegs = 232;
 
   static_assert(kMathWGs == 1 || kMathWGs == 2, "one or two consumer warpgroups");
+  static_assert(!kCarry || !kPipelined, "the carried K block needs the two-warpgroup main loop");
   static_assert(kCluster == 1 || kCluster == 2, "clusters of 1 or 2 CTAs along M");
   static_assert(kBRowsPerCta * 128 % 1024 == 0 && kARowsPerCta * 128 % 1024 == 0,
                 "each multicast part of a tile must start on a 1024-byte swizzle atom");
@@ -257,6 +266,76 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       }
     }
 
+    // Descriptor low words (start address / 16) of stage st's A and B tiles; A starts at
+    // this warpgroup's first row.
+    auto desc_a_of = [&](uint32_t st) { return a_desc_lo + st * (T::kSmemA >> 4); };
+    auto desc_b_of = [&](uint32_t st) { return b_desc_lo + st * (T::kSmemB >> 4); };
+    // 4 x wgmma m64nBLOCK_Nk32 over one K block (rows w * kWaveM.. of this warpgroup's part
+    // of the A tile) into a fresh partial; one commit group.
+    auto issue = [&](float(&part)[kAcc], uint32_t desc_a, uint32_t desc_b, uint32_t wave_row) {
+      ptx::fence_operands(part);
+      ptx::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        // Start address in 16-byte units: wave_row rows of 128 B, kk x 32 B.
+        ptx::WgmmaFp8<BLOCK_N>::mma(ptx::smem_desc_sw128_from_lo(desc_a + ((wave_row * 128 + kk * 32) >> 4)),
+                                    ptx::smem_desc_sw128_from_lo(desc_b + ((kk * 32) >> 4)), part, kk > 0);
+      }
+      ptx::wgmma_commit_group();
+      ptx::fence_operands(part);
+    };
+    // This warp's read of stage `st` is done: the producer may refill it.
+    auto release = [&](uint32_t st) {
+      if (lane == 0) {
+        if constexpr (T::kCluster > 1) {
+#pragma unroll
+          for (uint32_t c = 0; c < T::kCluster; ++c) ptx::mbarrier_arrive_cluster(empty + st, c);
+        } else {
+          ptx::mbarrier_arrive(empty + st);
+        }
+      }
+    };
+    auto advance = [&]() {
+      if (++stage == kStages) {
+        stage = 0;
+        phase ^= 1;
+      }
+    };
+    // The two-warpgroup main loop's partial. With kCarry it also carries K block 0 of the
+    // CTA's next tile across the epilogue: that block's wave-0 MMAs are issued into `part`
+    // before this tile's accumulators are stored, so the tensor cores work through the
+    // epilogue and the next tile's B-scale set-up instead of idling (ptxas keeps the WGMMAs
+    // asynchronous: the issue is conditional only on there being a next tile, and the one
+    // wait it adds, C7517, sits on the kernel's exit path). csa0/csa1: the carried rows' A
+    // scales, read before the stage is released.
+    float part[kAcc];
+    float csa0 = 0.0f, csa1 = 0.0f;
+    auto issue_carried = [&]() {
+      ptx::mbarrier_wait(full + stage, phase);
+      const float* sfa = reinterpret_cast<const float*>(smem + T::kOffSfa + stage * T::kSmemSfa);
+      csa0 = sfa[wg * 64 + row_in_wg];
+      csa1 = sfa[wg * 64 + row_in_wg + 8];
+      issue(part, desc_a_of(stage), desc_b_of(stage), 0);
+    };
+    // acc = (sa * sb) * part for K block 0, with the scale-block boundary known only at run
+    // time (once per tile; the K loop's promotion has it as a constant).
+    auto promote_first = [&](float(&acc_w)[kAcc], const float(&part_w)[kAcc], float sa0, float sa1, float sb0,
+                             float sb1, uint32_t boundary) {
+      const float s00 = sa0 * sb0, s10 = sa1 * sb0;
+      const float s01 = sa0 * sb1, s11 = sa1 * sb1;
+#pragma unroll
+      for (int i = 0; i < kAcc / 4; ++i) {
+        const bool second = static_cast<uint32_t>(i * 8) >= boundary;
+        const float r0 = second ? s01 : s00;
+        const float r1 = second ? s11 : s10;
+        acc_w[4 * i + 0] = fmaf(r0, part_w[4 * i + 0], 0.0f);  // as 0 + r * part: the same bits
+        acc_w[4 * i + 1] = fmaf(r0, part_w[4 * i + 1], 0.0f);  // (signed zeros) as the K loop
+        acc_w[4 * i + 2] = fmaf(r1, part_w[4 * i + 2], 0.0f);
+        acc_w[4 * i + 3] = fmaf(r1, part_w[4 * i + 3], 0.0f);
+      }
+    };
+    if constexpr (T::kCarry) issue_carried();  // every CTA has at least one tile
+
     for (uint32_t tile = first_unit; tile < sched.num_tiles; tile += unit_stride) {
       uint32_t m_block, n_block;
       tile_of(tile, m_block, n_block);
@@ -281,44 +360,39 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       }
 
       float acc[T::kWaves][kAcc];
+      if constexpr (!T::kCarry) {
 #pragma unroll
-      for (int w = 0; w < T::kWaves; ++w)
+        for (int w = 0; w < T::kWaves; ++w)
 #pragma unroll
-        for (int i = 0; i < kAcc; ++i) acc[w][i] = 0.0f;
+          for (int i = 0; i < kAcc; ++i) acc[w][i] = 0.0f;
+      } else {
+        // K block 0: wave 0 is in flight (carried), the other waves follow from the same stage.
+        const uint32_t boundary = T::kStraddle ? 128 - n0 % 128 : 128;
+        const float sb0 = sfb[0];
+        const float sb1 = T::kStraddle ? sfb[num_kb] : sb0;
+        ptx::wgmma_wait_group<0>();
+        ptx::fence_operands(part);
+        if (T::kWaves == 1) release(stage);
+        promote_first(acc[0], part, csa0, csa1, sb0, sb1, boundary);
+        const float* sfa = reinterpret_cast<const float*>(smem + T::kOffSfa + stage * T::kSmemSfa);
+#pragma unroll
+        for (int w = 1; w < T::kWaves; ++w) {
+          const uint32_t row0 = w * T::kWaveM + wg * 64;
+          const float sa0 = sfa[row0 + row_in_wg];
+          const float sa1 = sfa[row0 + row_in_wg + 8];
+          issue(part, desc_a_of(stage), desc_b_of(stage), w * T::kWaveM);
+          ptx::wgmma_wait_group<0>();
+          ptx::fence_operands(part);
+          if (w == T::kWaves - 1) release(stage);
+          promote_first(acc[w], part, sa0, sa1, sb0, sb1, boundary);
+        }
+        advance();
+      }
 
       // kOffset = n0 % 128 as a constant; columns c of the tile with kOffset + c >= 128 use
       // the second scale block.
       auto main_loop = [&](auto offset_c) {
         constexpr int kBoundary = 128 - decltype(offset_c)::value;
-        // Descriptor low words (start address / 16) of stage st's A and B tiles; A starts at
-        // this warpgroup's first row.
-        auto desc_a_of = [&](uint32_t st) { return a_desc_lo + st * (T::kSmemA >> 4); };
-        auto desc_b_of = [&](uint32_t st) { return b_desc_lo + st * (T::kSmemB >> 4); };
-        // 4 x wgmma m64nBLOCK_Nk32 over one K block (rows w * kWaveM.. of this warpgroup's part
-        // of the A tile) into a fresh partial; one commit group.
-        auto issue = [&](float(&part)[kAcc], uint32_t desc_a, uint32_t desc_b, uint32_t wave_row) {
-          ptx::fence_operands(part);
-          ptx::wgmma_fence();
-#pragma unroll
-          for (int kk = 0; kk < 4; ++kk) {
-            // Start address in 16-byte units: wave_row rows of 128 B, kk x 32 B.
-            ptx::WgmmaFp8<BLOCK_N>::mma(ptx::smem_desc_sw128_from_lo(desc_a + ((wave_row * 128 + kk * 32) >> 4)),
-                                        ptx::smem_desc_sw128_from_lo(desc_b + ((kk * 32) >> 4)), part, kk > 0);
-          }
-          ptx::wgmma_commit_group();
-          ptx::fence_operands(part);
-        };
-        // This warp's read of stage `st` is done: the producer may refill it.
-        auto release = [&](uint32_t st) {
-          if (lane == 0) {
-            if constexpr (T::kCluster > 1) {
-#pragma unroll
-              for (uint32_t c = 0; c < T::kCluster; ++c) ptx::mbarrier_arrive_cluster(empty + st, c);
-            } else {
-              ptx::mbarrier_arrive(empty + st);
-            }
-          }
-        };
         // acc += (sa * sb) * part: the two-level accumulation, scales applied for free (sb1:
         // the B scale of the columns past the scale-block boundary).
         auto promote = [&](float(&acc_w)[kAcc], const float(&part)[kAcc], float sa0, float sa1, float sb0,
@@ -334,12 +408,6 @@ __global__ void __launch_bounds__(T::kThreads, 1)
             acc_w[4 * i + 1] = fmaf(r0, part[4 * i + 1], acc_w[4 * i + 1]);
             acc_w[4 * i + 2] = fmaf(r1, part[4 * i + 2], acc_w[4 * i + 2]);
             acc_w[4 * i + 3] = fmaf(r1, part[4 * i + 3], acc_w[4 * i + 3]);
-          }
-        };
-        auto advance = [&]() {
-          if (++stage == kStages) {
-            stage = 0;
-            phase ^= 1;
           }
         };
         if constexpr (T::kPipelined) {
@@ -412,7 +480,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           // Two consumer warpgroups (or two waves): the other one's MMAs run through this
           // one's wait and promotion.
 #pragma unroll 4
-          for (uint32_t kb = 0; kb < num_kb; ++kb) {
+          for (uint32_t kb = T::kCarry ? 1 : 0; kb < num_kb; ++kb) {
             const float sb0 = sfb[kb];
             const float sb1 = T::kStraddle ? sfb[num_kb + kb] : sb0;
             ptx::mbarrier_wait(full + stage, phase);
@@ -426,7 +494,6 @@ __global__ void __launch_bounds__(T::kThreads, 1)
               const float sa0 = sfa[row0 + row_in_wg];
               const float sa1 = sfa[row0 + row_in_wg + 8];
 
-              float part[kAcc];
               issue(part, desc_a, desc_b, w * T::kWaveM);
               ptx::wgmma_wait_group<0>();
               ptx::fence_operands(part);
@@ -443,6 +510,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       } else {
         main_loop(std::integral_constant<int, 0>{});  // boundary 128 >= BLOCK_N: one scale
       }
+
+      if constexpr (T::kCarry)
+        if (tile + unit_stride < sched.num_tiles) issue_carried();  // the next tile's K block 0
 
       // ---- epilogue: registers -> bf16 -> swizzled staging tile -> TMA store ----
       // Per warpgroup: its rows of the staging tile, its barrier, its stores. A warpgroup that

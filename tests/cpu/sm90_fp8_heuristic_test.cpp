@@ -58,9 +58,9 @@ TEST(Sm90Fp8Heuristic, FamilyNamesRoundTrip) {
 }
 
 TEST(Sm90Fp8Heuristic, CarryConfigsNeedTwoTilesPerCta) {
-  // A carried K block pays only when a CTA has a next tile: offered from 2 tiles per SM,
-  // and never the heuristic's pick (it ties with its base configuration, which sorts first;
-  // the tuner measures both).
+  // A carried K block pays only when a CTA has a next tile: offered from 2 tiles per SM. The
+  // model hides half of every carried epilogue but the CTA's last (fit on the fourth session's
+  // harness log, see PicksAgainstH200Measurements), so at many tiles per CTA it prefers _c.
   auto has_carry = [](const Problem& p) {
     for (const Config& c : candidates(p))
       if (c.carry) return true;
@@ -69,7 +69,11 @@ TEST(Sm90Fp8Heuristic, CarryConfigsNeedTwoTilesPerCta) {
   EXPECT_FALSE(has_carry({256, 6144, 4096, 132}));   // 2 x 32 tiles of 128x192
   EXPECT_FALSE(has_carry({1024, 4096, 2048, 132}));  // 8 x 32 tiles of 128x128: < 264
   EXPECT_TRUE(has_carry({8192, 6144, 16384, 132}));
-  for (int64_t m : {4096, 8192, 32768}) EXPECT_FALSE(choose({m, 6144, 16384, 132}).carry) << m;
+  EXPECT_FALSE(choose({512, 6144, 16384, 132}).carry);
+  EXPECT_TRUE(choose({32768, 6144, 16384, 132}).carry);
+  Config plain = choose({32768, 6144, 16384, 132});
+  plain.carry = false;
+  EXPECT_TRUE(is_instantiated(plain)) << "every _c kernel has its plain twin";
 }
 
 TEST(Sm90Fp8Heuristic, FamilyIsSmallAndCoversTheNewTiles) {
@@ -242,7 +246,9 @@ TEST(Sm90Fp8Heuristic, ScaleRowsAndLayoutConstants) {
 // fastest at 60 or more problems, and at least 0.98 of it on the geometric mean (2026-11-30,
 // second session's kernels: 61 and 0.988; third session's, after recalibrating the streaming
 // rates: 60 and 0.988 -- the misses are large-M picks among 128x160/192 and 256x128 within the
-// burst timings' noise).
+// burst timings' noise; fourth session's, with the _c configurations: 61 and 0.987 when the
+// model ignores the carry, 63 and 0.991 with half of each carried epilogue hidden -- flat for
+// a hidden share of 0.3-0.7 -- and 0.05 us per unit for the peeled K block).
 TEST(Sm90Fp8Heuristic, PicksAgainstH200Measurements) {
   std::ifstream f(FP8PROJ_H200_DESIGN_LOG);
   ASSERT_TRUE(f.good()) << FP8PROJ_H200_DESIGN_LOG;

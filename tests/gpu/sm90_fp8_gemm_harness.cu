@@ -16,9 +16,13 @@
 // problem a "BEST" line names the fastest config and how far the heuristic's pick is from
 // it, and a SUMMARY table at the end repeats those lines.
 //
+// --floor instead measures what the timing method itself costs: an empty kernel and a plain
+// streaming read of 8.4 / 25 / 117 MB (the FP8 weights of 4096x2048, 6144x4096, 7168x16384)
+// under the same flush + events protocol, with 120 MB (as `fp8proj bench`) and 256 MB flushes --
+// the floor under the memory-bound (M <= 128) GEMM times.
 // Exit: 0 all passed, 1 a failure, 77 no (sm_90) GPU.
 // Usage: sm90_fp8_gemm_harness [--quick] [--no-timing] [--config NAME] [--mnk M,N,K]
-//                              [--shapes all|design|correctness] [--reps N]
+//                              [--shapes all|design|correctness] [--reps N] [--floor]
 //   default (all): the 16 target N x K shapes at M in {1,16,64,128,256,512,1024,4096,8192,32768}.
 //   design: DESIGN.md's DeepGEMM table, 6 shapes x M in {16,...,32768} (66 problems; ~1-2
 //   min on an H200 with --reps 15).
@@ -36,6 +40,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -161,9 +166,70 @@ __global__ void check_nan_pattern(const __nv_bfloat16* d, int64_t m, int64_t n, 
   if (bad) atomicAdd(&out->mismatches, bad);
 }
 
+// ---------------- timing floor (--floor) ----------------
+__global__ void empty_kernel() {}
+
+// Reads `n16` 16-byte words once (grid-stride) and keeps one word per block so the loads stay.
+__global__ void stream_read(const uint4* __restrict__ p, size_t n16, uint4* __restrict__ keep) {
+  uint4 acc{0, 0, 0, 0};
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n16; i += size_t{gridDim.x} * blockDim.x) {
+    const uint4 v = __ldcs(p + i);
+    acc.x ^= v.x, acc.y ^= v.y, acc.z ^= v.z, acc.w ^= v.w;
+  }
+  if ((acc.x ^ acc.y ^ acc.z ^ acc.w) == 0x9e3779b9u) keep[blockIdx.x] = acc;  // practically never
+}
+
+int run_floor(int reps, int sms) {
+  const size_t max_bytes = size_t{7168} * 16384;
+  uint4* src = nullptr;
+  uint4* keep = nullptr;
+  void* flush = nullptr;
+  CUDA_CHECK(cudaMalloc(&src, max_bytes));
+  CUDA_CHECK(cudaMemset(src, 0x3c, max_bytes));
+  CUDA_CHECK(cudaMalloc(&keep, 4096 * sizeof(uint4)));
+  CUDA_CHECK(cudaMalloc(&flush, size_t{256} << 20));
+  cudaEvent_t e0, e1;
+  CUDA_CHECK(cudaEventCreate(&e0));
+  CUDA_CHECK(cudaEventCreate(&e1));
+  auto median_us = [&](size_t flush_bytes, const std::function<void()>& launch) {
+    for (int i = 0; i < 3; ++i) launch();
+    std::vector<float> ms;
+    for (int i = 0; i < reps; ++i) {
+      CUDA_CHECK(cudaMemsetAsync(flush, i & 0xFF, flush_bytes));
+      CUDA_CHECK(cudaEventRecord(e0));
+      launch();
+      CUDA_CHECK(cudaEventRecord(e1));
+      CUDA_CHECK(cudaEventSynchronize(e1));
+      float t = 0;
+      CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
+      ms.push_back(t);
+    }
+    std::sort(ms.begin(), ms.end());
+    return 1e3 * ms[ms.size() / 2];
+  };
+  for (size_t flush_mb : {size_t{120}, size_t{256}}) {
+    const size_t fb = flush_mb << 20;
+    std::printf("floor, %zu MB flush before each call, median of %d:\n", flush_mb, reps);
+    std::printf("  empty kernel <<<1, 32>>>                 %8.2f us\n",
+                median_us(fb, [] { empty_kernel<<<1, 32>>>(); }));
+    std::printf("  empty kernel <<<%d, 384>>>               %8.2f us\n", sms,
+                median_us(fb, [sms] { empty_kernel<<<sms, 384>>>(); }));
+    for (size_t mb_n : {size_t{4096} * 2048, size_t{6144} * 4096, size_t{7168} * 16384}) {
+      const double us = median_us(fb, [&] { stream_read<<<4 * sms, 512>>>(src, mb_n / 16, keep); });
+      std::printf("  stream read %6.1f MB (%d x 512 threads)  %8.2f us  %5.2f TB/s\n", mb_n / 1e6, 4 * sms, us,
+                  mb_n / us * 1e-6);
+    }
+  }
+  CUDA_CHECK_LAUNCH();
+  cudaFree(src);
+  cudaFree(keep);
+  cudaFree(flush);
+  return 0;
+}
+
 // ---------------- driver ----------------
 struct Options {
-  bool quick = false, timing = true;
+  bool quick = false, timing = true, floor = false;
   int reps = 20;
   std::string config, shapes = "all";
   std::vector<std::array<int64_t, 3>> problems;
@@ -369,6 +435,8 @@ int main(int argc, char** argv) {
     if (s == "--quick") {
       opt.quick = true;
       opt.timing = false;
+    } else if (s == "--floor") {
+      opt.floor = true;
     } else if (s == "--no-timing") {
       opt.timing = false;
     } else if (s == "--reps" && i + 1 < argc) {
@@ -391,7 +459,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: %s [--quick] [--no-timing] [--config NAME] [--mnk M,N,K]... [--shapes all|design|correctness] "
-                   "[--reps N]\n",
+                   "[--reps N] [--floor]\n",
                    argv[0]);
       return 2;
     }
@@ -414,6 +482,7 @@ int main(int argc, char** argv) {
   cudaDriverGetVersion(&driver);
   std::printf("device: %s, %d SMs, L2 %d MB, CUDA runtime %d, driver %d\n", prop.name, prop.multiProcessorCount,
               prop.l2CacheSize >> 20, runtime, driver);
+  if (opt.floor) return run_floor(std::max(opt.reps, 50), prop.multiProcessorCount);
 
   if (opt.problems.empty()) {
     if (opt.quick) {
@@ -422,11 +491,13 @@ int main(int argc, char** argv) {
       // kernel kind, split-K, K of 1..many blocks. 2-CTA clusters (_mc2, listed once there
       // are >= 132 tiles): an odd M-block count (1100 rows = 9 x 128, 5 x 256) leaves the
       // last pair a spare tile past M. K = 33792 (264 blocks) overflows the B-scale register
-      // prefetch of the 1d2d kernels (512 / 256 entries), exercising its fallback.
+      // prefetch of the 1d2d kernels (512 / 256 entries), exercising its fallback. 2305 x 4096
+      // x 128: >= 2 tiles per SM for every tile size, so the _c kernels carry their only K
+      // block (an empty K loop) across every epilogue, with an M tail.
       opt.problems = {{1, 256, 128},     {7, 384, 512},      {16, 4096, 2048},  {33, 2048, 1536},
                       {64, 6144, 1024},  {100, 640, 384},    {129, 1280, 640},  {255, 1536, 2048},
                       {1000, 2048, 1024}, {1, 7168, 4096},   {300, 7168, 512},  {4096, 4096, 2048},
-                      {1100, 7168, 640},  {2100, 2048, 33792},
+                      {1100, 7168, 640},  {2100, 2048, 33792}, {2305, 4096, 128},
                       // Split-K configurations of different tile counts run back to back on one
                       // workspace, as one plan's calls at different M do (2 x 48 tiles after 48).
                       {128, 6144, 16384}};

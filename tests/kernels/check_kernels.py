@@ -13,6 +13,10 @@
    without a scoreboard wait, and the kernels whose main loop keeps two K blocks in flight
    (1d2d with one consumer warpgroup, m64 x up to 128 columns) must wait with
    `DEPBAR.LE gsb0, 0x1`.
+4. The carrying kernels (`_c`, kCarry) keep the next tile's first K block in flight through
+   the epilogue: between the last QGMMA before the epilogue's first STSM and that STSM there
+   is no `WARPGROUP.DEPBAR` (ptxas may add one wait on the exit path, C7517; one before the
+   stores would silently turn the overlap off).
 
 cuobjdump comes with the CUDA toolkit or from PyPI (nvidia-cuda-cuobjdump +
 nvidia-cuda-nvdisasm, installed by scripts/setup-deps.sh). Without it the test exits 77,
@@ -46,6 +50,23 @@ def pipelined(mangled):
         return False
     block_m, block_n, wgs = map(int, m.groups())
     return wgs == 1 and block_m == 64 and block_n <= 128
+
+
+def carries(mangled):
+    """Whether the 1d2d kernel's last template argument, kCarry, is true."""
+    return re.search(r"Gemm1d2dTraitsI(?:L[ib]\d+E)*Lb1EEE", mangled) is not None
+
+
+def carried_through_epilogue(block):
+    """True when no wgmma wait separates the last QGMMA before the first STSM from it."""
+    lines = block.split("\n")
+    first_stsm = next((i for i, line in enumerate(lines) if "STSM" in line), None)
+    if first_stsm is None:
+        return False
+    last_q = max((i for i in range(first_stsm) if "QGMMA" in lines[i]), default=None)
+    if last_q is None:
+        return False
+    return not any("WARPGROUP.DEPBAR" in line for line in lines[last_q:first_stsm])
 
 
 def main():
@@ -94,11 +115,15 @@ def main():
             serialized.append(name + " (every QGMMA waits for the one before)")
         if pipelined(name) and "DEPBAR.LE gsb0, 0x1" not in b:
             serialized.append(name + " (main loop does not keep two K blocks in flight)")
+        if carries(name) and not carried_through_epilogue(b):
+            serialized.append(name + " (_c: a wgmma wait before the epilogue's stores ends the carried K block's overlap)")
     if serialized:
         for name in serialized:
             print("FAIL: serialized wgmma in", name)
         return 1
-    print(f"OK: {len(funcs)} kernels with zero stack/local memory; {len(gemm)} FP8 GEMM kernels use QGMMA")
+    n_carry = sum(carries(b.split("\n", 1)[0]) for b in gemm)
+    print(f"OK: {len(funcs)} kernels with zero stack/local memory; {len(gemm)} FP8 GEMM kernels use QGMMA; "
+          f"{n_carry} carry a K block through their epilogue")
     return 0
 
 

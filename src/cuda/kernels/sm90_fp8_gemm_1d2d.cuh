@@ -139,6 +139,29 @@ struct Gemm1d2dTraits {
   static_assert(kProducerRegs * 128 + kMathRegs * kMathThreads <= 65536, "register file: 64K per SM");
 };
 
+// acc += (sa * sb) * part: the two-level accumulation, scales applied for free (thread's rows
+// h = 0 / 1: sa0 / sa1). Columns c >= boundary use the next 128-column scale block's B scale
+// sb1; the K loops pass the boundary as a type (std::integral_constant, one main-loop copy per
+// tile offset), so the selects are resolved at compile time. kFirst (a carried tile's K block
+// 0, boundary known at run time): acc = 0 + ..., the same bits (signed zeros) as accumulating
+// onto zeroed registers.
+template <bool kFirst, int kAcc, class Boundary>
+__device__ __forceinline__ void promote(float (&acc)[kAcc], const float (&part)[kAcc], float sa0, float sa1,
+                                        float sb0, float sb1, Boundary boundary) {
+  const float s00 = sa0 * sb0, s10 = sa1 * sb0;
+  const float s01 = sa0 * sb1, s11 = sa1 * sb1;
+#pragma unroll
+  for (int i = 0; i < kAcc / 4; ++i) {
+    const bool second = i * 8 >= static_cast<int>(boundary);
+    const float r0 = second ? s01 : s00;
+    const float r1 = second ? s11 : s10;
+    acc[4 * i + 0] = fmaf(r0, part[4 * i + 0], kFirst ? 0.0f : acc[4 * i + 0]);
+    acc[4 * i + 1] = fmaf(r0, part[4 * i + 1], kFirst ? 0.0f : acc[4 * i + 1]);
+    acc[4 * i + 2] = fmaf(r1, part[4 * i + 2], kFirst ? 0.0f : acc[4 * i + 2]);
+    acc[4 * i + 3] = fmaf(r1, part[4 * i + 3], kFirst ? 0.0f : acc[4 * i + 3]);
+  }
+}
+
 template <class T>
 __global__ void __launch_bounds__(T::kThreads, 1)
     sm90_fp8_gemm_1d2d_kernel(const __grid_constant__ CUtensorMap tmap_a,
@@ -317,23 +340,6 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       csa1 = sfa[wg * 64 + row_in_wg + 8];
       issue(part, desc_a_of(stage), desc_b_of(stage), 0);
     };
-    // acc = (sa * sb) * part for K block 0, with the scale-block boundary known only at run
-    // time (once per tile; the K loop's promotion has it as a constant).
-    auto promote_first = [&](float(&acc_w)[kAcc], const float(&part_w)[kAcc], float sa0, float sa1, float sb0,
-                             float sb1, uint32_t boundary) {
-      const float s00 = sa0 * sb0, s10 = sa1 * sb0;
-      const float s01 = sa0 * sb1, s11 = sa1 * sb1;
-#pragma unroll
-      for (int i = 0; i < kAcc / 4; ++i) {
-        const bool second = static_cast<uint32_t>(i * 8) >= boundary;
-        const float r0 = second ? s01 : s00;
-        const float r1 = second ? s11 : s10;
-        acc_w[4 * i + 0] = fmaf(r0, part_w[4 * i + 0], 0.0f);  // as 0 + r * part: the same bits
-        acc_w[4 * i + 1] = fmaf(r0, part_w[4 * i + 1], 0.0f);  // (signed zeros) as the K loop
-        acc_w[4 * i + 2] = fmaf(r1, part_w[4 * i + 2], 0.0f);
-        acc_w[4 * i + 3] = fmaf(r1, part_w[4 * i + 3], 0.0f);
-      }
-    };
     if constexpr (T::kCarry) issue_carried();  // every CTA has at least one tile
 
     for (uint32_t tile = first_unit; tile < sched.num_tiles; tile += unit_stride) {
@@ -367,13 +373,13 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           for (int i = 0; i < kAcc; ++i) acc[w][i] = 0.0f;
       } else {
         // K block 0: wave 0 is in flight (carried), the other waves follow from the same stage.
-        const uint32_t boundary = T::kStraddle ? 128 - n0 % 128 : 128;
+        const int boundary = T::kStraddle ? 128 - static_cast<int>(n0 % 128) : 128;
         const float sb0 = sfb[0];
         const float sb1 = T::kStraddle ? sfb[num_kb] : sb0;
         ptx::wgmma_wait_group<0>();
         ptx::fence_operands(part);
         if (T::kWaves == 1) release(stage);
-        promote_first(acc[0], part, csa0, csa1, sb0, sb1, boundary);
+        promote<true>(acc[0], part, csa0, csa1, sb0, sb1, boundary);
         const float* sfa = reinterpret_cast<const float*>(smem + T::kOffSfa + stage * T::kSmemSfa);
 #pragma unroll
         for (int w = 1; w < T::kWaves; ++w) {
@@ -384,7 +390,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           ptx::wgmma_wait_group<0>();
           ptx::fence_operands(part);
           if (w == T::kWaves - 1) release(stage);
-          promote_first(acc[w], part, sa0, sa1, sb0, sb1, boundary);
+          promote<true>(acc[w], part, sa0, sa1, sb0, sb1, boundary);
         }
         advance();
       }
@@ -393,29 +399,12 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       // the second scale block.
       auto main_loop = [&](auto offset_c) {
         constexpr int kBoundary = 128 - decltype(offset_c)::value;
-        // acc += (sa * sb) * part: the two-level accumulation, scales applied for free (sb1:
-        // the B scale of the columns past the scale-block boundary).
-        auto promote = [&](float(&acc_w)[kAcc], const float(&part)[kAcc], float sa0, float sa1, float sb0,
-                           float sb1) {
-          const float s00 = sa0 * sb0, s10 = sa1 * sb0;
-          const float s01 = sa0 * sb1, s11 = sa1 * sb1;
-#pragma unroll
-          for (int i = 0; i < kAcc / 4; ++i) {
-            const bool second = i * 8 >= kBoundary;  // compile-time after unrolling
-            const float r0 = second ? s01 : s00;
-            const float r1 = second ? s11 : s10;
-            acc_w[4 * i + 0] = fmaf(r0, part[4 * i + 0], acc_w[4 * i + 0]);
-            acc_w[4 * i + 1] = fmaf(r0, part[4 * i + 1], acc_w[4 * i + 1]);
-            acc_w[4 * i + 2] = fmaf(r1, part[4 * i + 2], acc_w[4 * i + 2]);
-            acc_w[4 * i + 3] = fmaf(r1, part[4 * i + 3], acc_w[4 * i + 3]);
-          }
-        };
         if constexpr (T::kPipelined) {
           // The promotion of K block kb, its B scales read here.
           auto promote_kb = [&](const float(&part)[kAcc], float sa0, float sa1, uint32_t kb) {
             const float sb0 = sfb[kb];
             const float sb1 = T::kStraddle ? sfb[num_kb + kb] : sb0;
-            promote(acc[0], part, sa0, sa1, sb0, sb1);
+            promote<false>(acc[0], part, sa0, sa1, sb0, sb1, std::integral_constant<int, kBoundary>{});
           };
           const uint32_t row_base = wg * 64;
           // One consumer warpgroup: two partials. K block kb + 1's MMAs are issued before
@@ -498,7 +487,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
               ptx::wgmma_wait_group<0>();
               ptx::fence_operands(part);
               if (w == T::kWaves - 1) release(stage);
-              promote(acc[w], part, sa0, sa1, sb0, sb1);
+              promote<false>(acc[w], part, sa0, sa1, sb0, sb1, std::integral_constant<int, kBoundary>{});
             }
             advance();
           }

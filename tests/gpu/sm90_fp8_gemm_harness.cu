@@ -179,6 +179,31 @@ __global__ void stream_read(const uint4* __restrict__ p, size_t n16, uint4* __re
   if ((acc.x ^ acc.y ^ acc.z ^ acc.w) == 0x9e3779b9u) keep[blockIdx.x] = acc;  // practically never
 }
 
+// The timing protocol of every number here: 3 warm-up calls, then per call a write of
+// `flush_bytes` (evicts the 60 MB L2), an event, the call, an event; the median of `reps`.
+double timed_median_us(void* flush, size_t flush_bytes, int reps, const std::function<void()>& launch) {
+  cudaEvent_t e0, e1;
+  CUDA_CHECK(cudaEventCreate(&e0));
+  CUDA_CHECK(cudaEventCreate(&e1));
+  for (int i = 0; i < 3; ++i) launch();
+  std::vector<float> ms;
+  for (int i = 0; i < reps; ++i) {
+    CUDA_CHECK(cudaMemsetAsync(flush, i & 0xFF, flush_bytes));
+    CUDA_CHECK(cudaEventRecord(e0));
+    launch();
+    CUDA_CHECK(cudaEventRecord(e1));
+    CUDA_CHECK(cudaEventSynchronize(e1));
+    float t = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
+    ms.push_back(t);
+  }
+  CUDA_CHECK(cudaEventDestroy(e0));
+  CUDA_CHECK(cudaEventDestroy(e1));
+  std::sort(ms.begin(), ms.end());
+  const size_t h = ms.size() / 2;
+  return ms.size() % 2 ? 1e3 * ms[h] : 1e3 * 0.5 * (ms[h - 1] + ms[h]);
+}
+
 int run_floor(int reps, int sms) {
   const size_t max_bytes = size_t{7168} * 16384;
   uint4* src = nullptr;
@@ -188,34 +213,15 @@ int run_floor(int reps, int sms) {
   CUDA_CHECK(cudaMemset(src, 0x3c, max_bytes));
   CUDA_CHECK(cudaMalloc(&keep, 4096 * sizeof(uint4)));
   CUDA_CHECK(cudaMalloc(&flush, size_t{256} << 20));
-  cudaEvent_t e0, e1;
-  CUDA_CHECK(cudaEventCreate(&e0));
-  CUDA_CHECK(cudaEventCreate(&e1));
-  auto median_us = [&](size_t flush_bytes, const std::function<void()>& launch) {
-    for (int i = 0; i < 3; ++i) launch();
-    std::vector<float> ms;
-    for (int i = 0; i < reps; ++i) {
-      CUDA_CHECK(cudaMemsetAsync(flush, i & 0xFF, flush_bytes));
-      CUDA_CHECK(cudaEventRecord(e0));
-      launch();
-      CUDA_CHECK(cudaEventRecord(e1));
-      CUDA_CHECK(cudaEventSynchronize(e1));
-      float t = 0;
-      CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
-      ms.push_back(t);
-    }
-    std::sort(ms.begin(), ms.end());
-    return 1e3 * ms[ms.size() / 2];
-  };
   for (size_t flush_mb : {size_t{120}, size_t{256}}) {
     const size_t fb = flush_mb << 20;
     std::printf("floor, %zu MB flush before each call, median of %d:\n", flush_mb, reps);
     std::printf("  empty kernel <<<1, 32>>>                 %8.2f us\n",
-                median_us(fb, [] { empty_kernel<<<1, 32>>>(); }));
+                timed_median_us(flush, fb, reps, [] { empty_kernel<<<1, 32>>>(); }));
     std::printf("  empty kernel <<<%d, 384>>>               %8.2f us\n", sms,
-                median_us(fb, [sms] { empty_kernel<<<sms, 384>>>(); }));
+                timed_median_us(flush, fb, reps, [sms] { empty_kernel<<<sms, 384>>>(); }));
     for (size_t mb_n : {size_t{4096} * 2048, size_t{6144} * 4096, size_t{7168} * 16384}) {
-      const double us = median_us(fb, [&] { stream_read<<<4 * sms, 512>>>(src, mb_n / 16, keep); });
+      const double us = timed_median_us(flush, fb, reps, [&] { stream_read<<<4 * sms, 512>>>(src, mb_n / 16, keep); });
       std::printf("  stream read %6.1f MB (%d x 512 threads)  %8.2f us  %5.2f TB/s\n", mb_n / 1e6, 4 * sms, us,
                   mb_n / us * 1e-6);
     }
@@ -377,27 +383,9 @@ void run_problem(int64_t M, int64_t N, int64_t K, int idx, const Options& opt, c
 
       double median_us = 0;
       if (opt.timing) {
-        cudaEvent_t e0, e1;
-        CUDA_CHECK(cudaEventCreate(&e0));
-        CUDA_CHECK(cudaEventCreate(&e1));
-        for (int i = 0; i < 3; ++i) launch(nullptr);
-        std::vector<float> ms;
-        for (int i = 0; i < opt.reps; ++i) {
-          CUDA_CHECK(cudaMemsetAsync(flush.p, i & 0xFF, flush.count));  // evict the 60 MB L2
-          CUDA_CHECK(cudaEventRecord(e0));
-          launch(nullptr);
-          CUDA_CHECK(cudaEventRecord(e1));
-          CUDA_CHECK(cudaEventSynchronize(e1));
-          float t = 0;
-          CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
-          ms.push_back(t);
-        }
-        std::sort(ms.begin(), ms.end());
-        median_us = ms.size() % 2 ? 1e3 * ms[ms.size() / 2] : 1e3 * 0.5 * (ms[ms.size() / 2 - 1] + ms[ms.size() / 2]);
+        median_us = timed_median_us(flush.p, flush.count, opt.reps, [&] { launch(nullptr); });
         if (best_name.empty() || median_us < best_us) best_name = cfg.name(), best_us = median_us;
         if (cfg == chosen) chosen_us = median_us;
-        CUDA_CHECK(cudaEventDestroy(e0));
-        CUDA_CHECK(cudaEventDestroy(e1));
       }
       if (opt.timing)
         std::printf("%s err=%.2e det=%s %9.2f us %8.1f TFLOP/s %7.0f GB/s\n", head, rel, deterministic ? "ok" : "NO",

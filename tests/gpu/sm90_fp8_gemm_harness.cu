@@ -16,10 +16,15 @@
 // problem a "BEST" line names the fastest config and how far the heuristic's pick is from
 // it, and a SUMMARY table at the end repeats those lines.
 //
-// --floor instead measures what the timing method itself costs: an empty kernel and a plain
-// streaming read of 8.4 / 25 / 117 MB (the FP8 weights of 4096x2048, 6144x4096, 7168x16384)
-// under the same flush + events protocol, with 120 MB (as `fp8proj bench`) and 256 MB flushes --
-// the floor under the memory-bound (M <= 128) GEMM times.
+// --floor instead measures what the timing method itself costs: an empty kernel (also with the
+// GEMMs' 227 KB of dynamic shared memory) and a plain streaming read of 8.4 / 25 / 117 MB (the
+// FP8 weights of 4096x2048, 6144x4096, 7168x16384) under the same flush + events protocol, with
+// 120 MB (as `fp8proj bench`) and 256 MB flushes -- the floor under the memory-bound (M <= 128)
+// GEMM times. Then the same weights streamed by TMA alone, as the GEMMs' producers load them
+// (128 rows x 128 B boxes, 128B swizzle, an 11-stage mbarrier ring, no consumers), from as many
+// CTAs as the swap-AB kernel has weight tiles (N / 128) and from every SM: what the data
+// movement of a small-M GEMM costs without any math; and from a pre-tiled copy of the weight
+// (each 16 KB block contiguous, one bulk copy each).
 // Exit: 0 all passed, 1 a failure, 77 no (sm_90) GPU.
 // Usage: sm90_fp8_gemm_harness [--quick] [--no-timing] [--config NAME] [--mnk M,N,K]
 //                              [--shapes all|design|correctness] [--reps N] [--floor]
@@ -30,6 +35,8 @@
 //   nvcc -std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a -Iinclude -Isrc
 //        tests/gpu/sm90_fp8_gemm_harness.cu src/cuda/gemm/sm90_fp8_gemm.cu
 //        src/gemm/sm90_fp8_heuristic.cpp src/core/error.cpp -o sm90_fp8_gemm_harness
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
@@ -42,9 +49,11 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda/common/cuda_check.hpp"
+#include "cuda/kernels/ptx/tma.cuh"
 #include "cuda/gemm/sm90_fp8_gemm.hpp"
 #include "gemm/sm90_fp8_heuristic.hpp"
 
@@ -168,6 +177,65 @@ __global__ void check_nan_pattern(const __nv_bfloat16* d, int64_t m, int64_t n, 
 
 // ---------------- timing floor (--floor) ----------------
 __global__ void empty_kernel() {}
+__global__ void empty_smem_kernel() {
+  extern __shared__ uint8_t smem[];
+  if (threadIdx.x == 1024) smem[0] = 0;  // never: keeps the dynamic allocation
+}
+
+// Weight stream by TMA alone: CTA g loads the 128-row weight blocks g, g + G, ... over all K
+// into a kStreamStages ring of 16 KB slots, each slot's full barrier awaited before it is
+// reused (the data is never read: the producer side of a GEMM with free consumers). Either as
+// the GEMMs load it -- 2D boxes {128 B, 128 rows}, 128B swizzle, through the tensor map `w` --
+// or (kPreTiled) from a weight stored pre-tiled, each 128 x 128 B block contiguous as a
+// load-time repack could store it: one 16 KB bulk copy (cp.async.bulk, no tensor map) of
+// block nb * (k / 128) + kb from `tiled`.
+constexpr int kStreamStages = 11;
+template <bool kPreTiled>
+__global__ void __launch_bounds__(32, 1)
+    weight_stream(const __grid_constant__ CUtensorMap w, const uint8_t* __restrict__ tiled, uint32_t n, uint32_t k) {
+  extern __shared__ __align__(1024) uint8_t smem[];
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kStreamStages * 16384);
+  if (threadIdx.x != 0) return;
+  if constexpr (!kPreTiled) ptx::prefetch_tensormap(&w);
+  for (int s = 0; s < kStreamStages; ++s) ptx::mbarrier_init(full + s, 1);
+  ptx::mbarrier_init_fence();
+  uint32_t issued = 0;
+  for (uint32_t nb = blockIdx.x; nb < n / 128; nb += gridDim.x)
+    for (uint32_t kb = 0; kb < k / 128; ++kb, ++issued) {
+      const uint32_t s = issued % kStreamStages;
+      if (issued >= kStreamStages) ptx::mbarrier_wait(full + s, (issued / kStreamStages - 1) & 1);
+      ptx::mbarrier_arrive_expect_tx(full + s, 16384);
+      if constexpr (kPreTiled) {
+        const uint8_t* src = tiled + (static_cast<size_t>(nb) * (k / 128) + kb) * 16384;
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], 16384, [%2];" ::"r"(
+                         ptx::smem_addr(smem + s * 16384)),
+                     "l"(src), "r"(ptx::smem_addr(full + s))
+                     : "memory");
+      } else {
+        ptx::tma_load_2d(smem + s * 16384, &w, full + s, static_cast<int32_t>(kb * 128), static_cast<int32_t>(nb * 128));
+      }
+    }
+  for (uint32_t i = issued > kStreamStages ? issued - kStreamStages : 0; i < issued; ++i)
+    ptx::mbarrier_wait(full + i % kStreamStages, (i / kStreamStages) & 1);
+}
+
+CUtensorMap weight_map(const void* base, uint64_t n, uint64_t k) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult status{};
+  CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &status));
+  FP8PROJ_CHECK(status == cudaDriverEntryPointSuccess && fn != nullptr, "cuTensorMapEncodeTiled not found");
+  CUtensorMap map;
+  const cuuint64_t dims[2] = {k, n};
+  const cuuint64_t strides[1] = {k};
+  const cuuint32_t box[2] = {128, 128};
+  const cuuint32_t elem_strides[2] = {1, 1};
+  const CUresult r = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn)(
+      &map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(base), dims, strides, box, elem_strides,
+      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  FP8PROJ_CHECK(r == CUDA_SUCCESS, "cuTensorMapEncodeTiled failed: ", static_cast<int>(r));
+  return map;
+}
 
 // Reads `n16` 16-byte words once (grid-stride) and keeps one word per block so the loads stay.
 __global__ void stream_read(const uint4* __restrict__ p, size_t n16, uint4* __restrict__ keep) {
@@ -205,6 +273,11 @@ double timed_median_us(void* flush, size_t flush_bytes, int reps, const std::fun
 }
 
 int run_floor(int reps, int sms) {
+  constexpr int kStreamSmem = kStreamStages * 16384 + kStreamStages * 8;
+  CUDA_CHECK(cudaFuncSetAttribute(empty_smem_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(kMaxSmemPerBlock)));
+  CUDA_CHECK(cudaFuncSetAttribute(weight_stream<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kStreamSmem));
+  CUDA_CHECK(cudaFuncSetAttribute(weight_stream<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kStreamSmem));
   const size_t max_bytes = size_t{7168} * 16384;
   uint4* src = nullptr;
   uint4* keep = nullptr;
@@ -220,10 +293,27 @@ int run_floor(int reps, int sms) {
                 timed_median_us(flush, fb, reps, [] { empty_kernel<<<1, 32>>>(); }));
     std::printf("  empty kernel <<<%d, 384>>>               %8.2f us\n", sms,
                 timed_median_us(flush, fb, reps, [sms] { empty_kernel<<<sms, 384>>>(); }));
+    std::printf("  empty kernel <<<%d, 384, 227 KB>>>       %8.2f us\n", sms,
+                timed_median_us(flush, fb, reps, [sms] { empty_smem_kernel<<<sms, 384, kMaxSmemPerBlock>>>(); }));
     for (size_t mb_n : {size_t{4096} * 2048, size_t{6144} * 4096, size_t{7168} * 16384}) {
       const double us = timed_median_us(flush, fb, reps, [&] { stream_read<<<4 * sms, 512>>>(src, mb_n / 16, keep); });
       std::printf("  stream read %6.1f MB (%d x 512 threads)  %8.2f us  %5.2f TB/s\n", mb_n / 1e6, 4 * sms, us,
                   mb_n / us * 1e-6);
+    }
+    for (const auto& [n, k] : {std::pair<uint32_t, uint32_t>{4096, 2048}, {6144, 4096}, {7168, 16384}}) {
+      const CUtensorMap w = weight_map(src, n, k);
+      for (uint32_t grid : {n / 128, static_cast<uint32_t>(sms)}) {
+        const double us = timed_median_us(flush, fb, reps, [&] {
+          weight_stream<false><<<grid, 32, kStreamSmem>>>(w, nullptr, n, k);
+        });
+        std::printf("  TMA stream %6.1f MB (%3u CTAs, %d x 16 KB) %8.2f us  %5.2f TB/s\n", static_cast<double>(n) * k / 1e6, grid,
+                    kStreamStages, us, static_cast<double>(n) * k / us * 1e-6);
+        const double us_tiled = timed_median_us(flush, fb, reps, [&] {
+          weight_stream<true><<<grid, 32, kStreamSmem>>>(w, reinterpret_cast<const uint8_t*>(src), n, k);
+        });
+        std::printf("  pre-tiled  %6.1f MB (%3u CTAs, %d x 16 KB) %8.2f us  %5.2f TB/s\n", static_cast<double>(n) * k / 1e6,
+                    grid, kStreamStages, us_tiled, static_cast<double>(n) * k / us_tiled * 1e-6);
+      }
     }
   }
   CUDA_CHECK_LAUNCH();

@@ -34,9 +34,9 @@
 // Build (one line):
 //   nvcc -std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a -Iinclude -Isrc
 //        tests/gpu/sm90_fp8_gemm_harness.cu src/cuda/gemm/sm90_fp8_gemm.cu
-//        src/gemm/sm90_fp8_heuristic.cpp src/core/error.cpp -o sm90_fp8_gemm_harness
+//        src/cuda/common/tensor_map.cu src/gemm/sm90_fp8_heuristic.cpp src/core/error.cpp
+//        -o sm90_fp8_gemm_harness
 #include <cuda.h>
-#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
@@ -53,6 +53,7 @@
 #include <vector>
 
 #include "cuda/common/cuda_check.hpp"
+#include "cuda/common/tensor_map.hpp"
 #include "cuda/kernels/ptx/tma.cuh"
 #include "cuda/gemm/sm90_fp8_gemm.hpp"
 #include "gemm/sm90_fp8_heuristic.hpp"
@@ -219,24 +220,6 @@ __global__ void __launch_bounds__(32, 1)
     ptx::mbarrier_wait(full + i % kStreamStages, (i / kStreamStages) & 1);
 }
 
-CUtensorMap weight_map(const void* base, uint64_t n, uint64_t k) {
-  void* fn = nullptr;
-  cudaDriverEntryPointQueryResult status{};
-  CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &status));
-  FP8PROJ_CHECK(status == cudaDriverEntryPointSuccess && fn != nullptr, "cuTensorMapEncodeTiled not found");
-  CUtensorMap map;
-  const cuuint64_t dims[2] = {k, n};
-  const cuuint64_t strides[1] = {k};
-  const cuuint32_t box[2] = {128, 128};
-  const cuuint32_t elem_strides[2] = {1, 1};
-  const CUresult r = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn)(
-      &map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(base), dims, strides, box, elem_strides,
-      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  FP8PROJ_CHECK(r == CUDA_SUCCESS, "cuTensorMapEncodeTiled failed: ", static_cast<int>(r));
-  return map;
-}
-
 // Reads `n16` 16-byte words once (grid-stride) and keeps one word per block so the loads stay.
 __global__ void stream_read(const uint4* __restrict__ p, size_t n16, uint4* __restrict__ keep) {
   uint4 acc{0, 0, 0, 0};
@@ -301,7 +284,8 @@ int run_floor(int reps, int sms) {
                   mb_n / us * 1e-6);
     }
     for (const auto& [n, k] : {std::pair<uint32_t, uint32_t>{4096, 2048}, {6144, 4096}, {7168, 16384}}) {
-      const CUtensorMap w = weight_map(src, n, k);
+      const CUtensorMap w = make_tensor_map_2d(CU_TENSOR_MAP_DATA_TYPE_UINT8, src, k, n, k, 128, 128,
+                                               CU_TENSOR_MAP_SWIZZLE_128B, "weight");
       for (uint32_t grid : {n / 128, static_cast<uint32_t>(sms)}) {
         const double us = timed_median_us(flush, fb, reps, [&] {
           weight_stream<false><<<grid, 32, kStreamSmem>>>(w, nullptr, n, k);

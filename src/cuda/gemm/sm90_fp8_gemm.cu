@@ -8,55 +8,23 @@
 #include "cuda/gemm/sm90_fp8_gemm.hpp"
 
 #include <cuda.h>
-#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <atomic>
 #include <mutex>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "cuda/common/cuda_check.hpp"
+#include "cuda/common/tensor_map.hpp"
 #include "cuda/kernels/sm90_fp8_gemm_1d2d.cuh"
 #include "cuda/kernels/sm90_fp8_gemm_swapab.cuh"
 
 namespace fp8proj::sm90 {
 
 namespace {
-
-// ---- TMA descriptor encoding without linking libcuda ----
-
-PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* ptr = nullptr;
-    cudaDriverEntryPointQueryResult status{};
-    CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &status));
-    FP8PROJ_CHECK(status == cudaDriverEntryPointSuccess && ptr != nullptr,
-                  "cuTensorMapEncodeTiled not found in the CUDA driver (needs a CUDA 12+ driver)");
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(ptr);
-  }();
-  return fn;
-}
-
-// 2D tensor [outer][inner] with row stride `row_bytes`; box {box_inner, box_outer}.
-// Out-of-bounds loads read zeros (OOB fill NONE; NAN_REQUEST_ZERO_FMA would read NaN).
-CUtensorMap make_map_2d(CUtensorMapDataType dtype, const void* base, uint64_t inner, uint64_t outer,
-                        uint64_t row_bytes, uint32_t box_inner, uint32_t box_outer, CUtensorMapSwizzle swizzle,
-                        const char* what) {
-  CUtensorMap map;
-  const cuuint64_t dims[2] = {inner, outer};
-  const cuuint64_t strides[1] = {row_bytes};
-  const cuuint32_t box[2] = {box_inner, box_outer};
-  const cuuint32_t elem_strides[2] = {1, 1};
-  const CUresult r = encode_fn()(&map, dtype, 2, const_cast<void*>(base), dims, strides, box, elem_strides,
-                                 CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  FP8PROJ_CHECK(r == CUDA_SUCCESS, "cuTensorMapEncodeTiled failed (CUresult ", static_cast<int>(r), ") for ", what,
-                ": dims {", inner, ", ", outer, "}, row stride ", row_bytes, " B, box {", box_inner, ", ",
-                box_outer, "}");
-  return map;
-}
 
 CUtensorMapSwizzle swizzle_of(int bytes) {
   switch (bytes) {
@@ -104,14 +72,17 @@ Maps make_maps(const Fp8GemmArgs& x, uint32_t rows_a, uint32_t rows_sfa, uint32_
                uint32_t d_rows, int d_swizzle) {
   const uint64_t m = static_cast<uint64_t>(x.m), n = static_cast<uint64_t>(x.n), k = static_cast<uint64_t>(x.k);
   Maps maps;
-  maps.a = make_map_2d(CU_TENSOR_MAP_DATA_TYPE_UINT8, x.a, k, m, k, 128, rows_a, CU_TENSOR_MAP_SWIZZLE_128B, "A");
+  maps.a = make_tensor_map_2d(CU_TENSOR_MAP_DATA_TYPE_UINT8, x.a, k, m, k, 128, rows_a, CU_TENSOR_MAP_SWIZZLE_128B,
+                              "A");
   // Scales: logical width M (not a_scale_ld), so padding entries are never read: TMA
   // zero-fills rows >= M. The row stride is the caller's a_scale_ld.
-  maps.sfa = make_map_2d(CU_TENSOR_MAP_DATA_TYPE_FLOAT32, x.a_scales, m, k / 128,
-                         static_cast<uint64_t>(x.a_scale_ld) * 4, rows_sfa, 1, CU_TENSOR_MAP_SWIZZLE_NONE, "a_scales");
-  maps.b = make_map_2d(CU_TENSOR_MAP_DATA_TYPE_UINT8, x.b, k, n, k, 128, rows_b, CU_TENSOR_MAP_SWIZZLE_128B, "B");
-  maps.d = make_map_2d(CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, x.d, n, m, n * 2, d_cols, d_rows, swizzle_of(d_swizzle),
-                       "D");
+  maps.sfa = make_tensor_map_2d(CU_TENSOR_MAP_DATA_TYPE_FLOAT32, x.a_scales, m, k / 128,
+                                static_cast<uint64_t>(x.a_scale_ld) * 4, rows_sfa, 1, CU_TENSOR_MAP_SWIZZLE_NONE,
+                                "a_scales");
+  maps.b = make_tensor_map_2d(CU_TENSOR_MAP_DATA_TYPE_UINT8, x.b, k, n, k, 128, rows_b, CU_TENSOR_MAP_SWIZZLE_128B,
+                              "B");
+  maps.d = make_tensor_map_2d(CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, x.d, n, m, n * 2, d_cols, d_rows,
+                              swizzle_of(d_swizzle), "D");
   return maps;
 }
 
@@ -222,6 +193,58 @@ bool same_kernel(const Config& a, const Config& b) {
          a.stages == b.stages && a.cluster == b.cluster && a.cluster_on_n == b.cluster_on_n && a.carry == b.carry;
 }
 
+// The explicit instantiations: exactly kernel_family() (heuristic .cpp); each kernel's
+// Config is read off its traits, so a configuration and its kernel cannot disagree.
+using namespace kernels;
+using Family = std::tuple<
+    Gemm1d2dTraits<128, 128, 2, 5>, Gemm1d2dTraits<128, 192, 2, 4>, Gemm1d2dTraits<256, 128, 2, 3>,
+    Gemm1d2dTraits<128, 96, 2, 7>, Gemm1d2dTraits<128, 112, 2, 6>, Gemm1d2dTraits<128, 160, 2, 5>,
+    // 2-CTA clusters sharing B (along M), then A (along N)
+    Gemm1d2dTraits<128, 128, 2, 5, 2>, Gemm1d2dTraits<256, 128, 2, 3, 2>, Gemm1d2dTraits<128, 192, 2, 4, 2>,
+    Gemm1d2dTraits<128, 160, 2, 5, 2>, Gemm1d2dTraits<128, 96, 2, 7, 2, true>,
+    Gemm1d2dTraits<128, 112, 2, 6, 2, true>, Gemm1d2dTraits<128, 128, 2, 5, 2, true>,
+    Gemm1d2dTraits<128, 192, 2, 4, 2, true>,
+    // one consumer warpgroup
+    Gemm1d2dTraits<64, 128, 1, 8>, Gemm1d2dTraits<64, 32, 1, 15>, Gemm1d2dTraits<64, 48, 1, 14>,
+    Gemm1d2dTraits<64, 64, 1, 12>, Gemm1d2dTraits<64, 96, 1, 10>, Gemm1d2dTraits<64, 112, 1, 9>,
+    // carrying K block 0 of the next tile across the epilogue
+    Gemm1d2dTraits<128, 128, 2, 5, 1, false, true>, Gemm1d2dTraits<128, 160, 2, 5, 1, false, true>,
+    Gemm1d2dTraits<128, 192, 2, 4, 1, false, true>, Gemm1d2dTraits<256, 128, 2, 3, 1, false, true>,
+    // swap-AB: tokens x 128 weight rows
+    SwapABTraits<16, 11>, SwapABTraits<32, 10>, SwapABTraits<64, 8>, SwapABTraits<128, 5>>;
+
+template <class T>
+constexpr bool kIsSwapAB = requires { T::BLOCK_TOK; };
+
+// The Config naming kernel T, read off its traits.
+template <class T>
+Config config_of() {
+  if constexpr (kIsSwapAB<T>) {
+    return {KernelKind::kSwapAB, T::BLOCK_TOK, T::BLOCK_W, T::kMathWGs, T::kStages};
+  } else {
+    Config c{KernelKind::kGemm1d2d, T::BLOCK_M, T::BLOCK_N, T::kMathWGs, T::kStages};
+    c.cluster = T::kCluster;
+    c.cluster_on_n = T::kClusterOnN;
+    c.carry = T::kCarry;
+    return c;
+  }
+}
+
+// Launches the kernel of the family that cfg names; false when there is none.
+template <class... T>
+bool launch_instantiated(std::tuple<T...>*, const Fp8GemmArgs& x, const Config& cfg, void* workspace, int num_sms,
+                         cudaStream_t stream) {
+  auto try_one = [&]<class U>(U*) {
+    if (!same_kernel(cfg, config_of<U>())) return false;
+    if constexpr (kIsSwapAB<U>)
+      launch_swapab<U>(x, cfg, workspace, num_sms, stream);
+    else
+      launch_1d2d<U>(x, cfg, num_sms, stream);
+    return true;
+  };
+  return (try_one(static_cast<T*>(nullptr)) || ...);
+}
+
 }  // namespace
 
 void run(const Fp8GemmArgs& x, const Config& cfg, void* workspace, size_t workspace_size, int num_sms,
@@ -247,65 +270,7 @@ void run(const Fp8GemmArgs& x, const Config& cfg, void* workspace, size_t worksp
   }
   check_device_is_sm90();
 
-  using namespace kernels;
-  using K = KernelKind;
-  // The explicit instantiations: exactly kernel_family() (heuristic .cpp).
-  if (same_kernel(cfg, {K::kGemm1d2d, 128, 128, 2, 5}))
-    return launch_1d2d<Gemm1d2dTraits<128, 128, 2, 5>>(x, cfg, num_sms, stream);
-  if (same_kernel(cfg, {K::kGemm1d2d, 128, 192, 2, 4}))
-    return launch_1d2d<Gemm1d2dTraits<128, 192, 2, 4>>(x, cfg, num_sms, stream);
-  if (same_kernel(cfg, {K::kGemm1d2d, 256, 128, 2, 3}))
-    return launch_1d2d<Gemm1d2dTraits<256, 128, 2, 3>>(x, cfg, num_sms, stream);
-  if (same_kernel(cfg, {K::kGemm1d2d, 64, 128, 1, 8}))
-    return launch_1d2d<Gemm1d2dTraits<64, 128, 1, 8>>(x, cfg, num_sms, stream);
-  if (same_kernel(cfg, {K::kGemm1d2d, 64, 32, 1, 15}))
-    return launch_1d2d<Gemm1d2dTraits<64, 32, 1, 15>>(x, cfg, num_sms, stream);
-  if (same_kernel(cfg, {K::kGemm1d2d, 64, 48, 1, 14}))
-    return launch_1d2d<Gemm1d2dTraits<64, 48, 1, 14>>(x, cfg, num_sms, stream);
-  if (same_kernel(cfg, {K::kGemm1d2d, 64, 64, 1, 12}))
-    return launch_1d2d<Gemm1d2dTraits<64, 64, 1, 12>>(x, cfg, num_sms, stream);
-  if (same_kernel(cfg, {K::kGemm1d2d, 64, 96, 1, 10}))
-    return launch_1d2d<Gemm1d2dTraits<64, 96, 1, 10>>(x, cfg, num_sms, stream);
-  if (same_kernel(cfg, {K::kGemm1d2d, 128, 96, 2, 7}))
-    return launch_1d2d<Gemm1d2dTraits<128, 96, 2, 7>>(x, cfg, num_sms, stream);
-  if (same_kernel(cfg, {K::kGemm1d2d, 128, 112, 2, 6}))
-    return launch_1d2d<Gemm1d2dTraits<128, 112, 2, 6>>(x, cfg, num_sms, stream);
-  if (same_kernel(cfg, {K::kGemm1d2d, 128, 160, 2, 5}))
-    return launch_1d2d<Gemm1d2dTraits<128, 160, 2, 5>>(x, cfg, num_sms, stream);
-  if (same_kernel(cfg, {K::kGemm1d2d, 128, 128, 2, 5, 1, 2}))
-    return launch_1d2d<Gemm1d2dTraits<128, 128, 2, 5, 2>>(x, cfg, num_sms, stream);
-  if (same_kernel(cfg, {K::kGemm1d2d, 256, 128, 2, 3, 1, 2}))
-    return launch_1d2d<Gemm1d2dTraits<256, 128, 2, 3, 2>>(x, cfg, num_sms, stream);
-  if (same_kernel(cfg, {K::kGemm1d2d, 128, 192, 2, 4, 1, 2}))
-    return launch_1d2d<Gemm1d2dTraits<128, 192, 2, 4, 2>>(x, cfg, num_sms, stream);
-  if (same_kernel(cfg, {K::kGemm1d2d, 128, 160, 2, 5, 1, 2}))
-    return launch_1d2d<Gemm1d2dTraits<128, 160, 2, 5, 2>>(x, cfg, num_sms, stream);
-  if (same_kernel(cfg, {K::kGemm1d2d, 128, 96, 2, 7, 1, 2, true}))
-    return launch_1d2d<Gemm1d2dTraits<128, 96, 2, 7, 2, true>>(x, cfg, num_sms, stream);
-  if (same_kernel(cfg, {K::kGemm1d2d, 128, 112, 2, 6, 1, 2, true}))
-    return launch_1d2d<Gemm1d2dTraits<128, 112, 2, 6, 2, true>>(x, cfg, num_sms, stream);
-  if (same_kernel(cfg, {K::kGemm1d2d, 128, 128, 2, 5, 1, 2, true}))
-    return launch_1d2d<Gemm1d2dTraits<128, 128, 2, 5, 2, true>>(x, cfg, num_sms, stream);
-  if (same_kernel(cfg, {K::kGemm1d2d, 128, 192, 2, 4, 1, 2, true}))
-    return launch_1d2d<Gemm1d2dTraits<128, 192, 2, 4, 2, true>>(x, cfg, num_sms, stream);
-  if (same_kernel(cfg, {K::kGemm1d2d, 128, 128, 2, 5, 1, 1, false, true}))
-    return launch_1d2d<Gemm1d2dTraits<128, 128, 2, 5, 1, false, true>>(x, cfg, num_sms, stream);
-  if (same_kernel(cfg, {K::kGemm1d2d, 128, 160, 2, 5, 1, 1, false, true}))
-    return launch_1d2d<Gemm1d2dTraits<128, 160, 2, 5, 1, false, true>>(x, cfg, num_sms, stream);
-  if (same_kernel(cfg, {K::kGemm1d2d, 128, 192, 2, 4, 1, 1, false, true}))
-    return launch_1d2d<Gemm1d2dTraits<128, 192, 2, 4, 1, false, true>>(x, cfg, num_sms, stream);
-  if (same_kernel(cfg, {K::kGemm1d2d, 256, 128, 2, 3, 1, 1, false, true}))
-    return launch_1d2d<Gemm1d2dTraits<256, 128, 2, 3, 1, false, true>>(x, cfg, num_sms, stream);
-  if (same_kernel(cfg, {K::kGemm1d2d, 64, 112, 1, 9}))
-    return launch_1d2d<Gemm1d2dTraits<64, 112, 1, 9>>(x, cfg, num_sms, stream);
-  if (same_kernel(cfg, {K::kSwapAB, 16, 128, 2, 11}))
-    return launch_swapab<SwapABTraits<16, 11>>(x, cfg, workspace, num_sms, stream);
-  if (same_kernel(cfg, {K::kSwapAB, 32, 128, 2, 10}))
-    return launch_swapab<SwapABTraits<32, 10>>(x, cfg, workspace, num_sms, stream);
-  if (same_kernel(cfg, {K::kSwapAB, 64, 128, 2, 8}))
-    return launch_swapab<SwapABTraits<64, 8>>(x, cfg, workspace, num_sms, stream);
-  if (same_kernel(cfg, {K::kSwapAB, 128, 128, 2, 5}))
-    return launch_swapab<SwapABTraits<128, 5>>(x, cfg, workspace, num_sms, stream);
+  if (launch_instantiated(static_cast<Family*>(nullptr), x, cfg, workspace, num_sms, stream)) return;
   FP8PROJ_FAIL("sm90 FP8 GEMM: config ", cfg.name(), " is in kernel_family() but has no launcher in ",
                "sm90_fp8_gemm.cu (add its instantiation)");
 }

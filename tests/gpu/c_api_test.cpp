@@ -1,0 +1,166 @@
+// The C ABI (include/fp8proj/c_api.h) as a foreign caller sees it: this program links only
+// libfp8proj_c.so and the CUDA runtime, and checks the result against its own fp64 product
+// of the decoded e4m3 operands. Argument errors are checked everywhere; tests that need a GPU
+// skip, with the reason, where there is none.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "fp8proj/c_api.h"
+
+namespace {
+
+std::string last_error() { return fp8proj_last_error(); }
+
+bool have_gpu(std::string* why) {
+  int n = 0;
+  const cudaError_t err = cudaGetDeviceCount(&n);
+  if (err != cudaSuccess || n == 0) {
+    *why = err != cudaSuccess ? cudaGetErrorString(err) : "no CUDA device";
+    (void)cudaGetLastError();
+    return false;
+  }
+  return true;
+}
+
+// e4m3 (OCP FP8, "fn": no infinities, 0x7f/0xff NaN) decoded independently of the library.
+double decode_e4m3(uint8_t v) {
+  const int sign = v >> 7, exp = (v >> 3) & 0xf, man = v & 7;
+  double mag = exp == 0 ? std::ldexp(man / 8.0, -6) : std::ldexp(1.0 + man / 8.0, exp - 7);
+  return sign ? -mag : mag;
+}
+
+double bf16_to_double(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+TEST(CApi, ArgumentErrorsNeverThrowAcrossTheAbi) {
+  fp8proj_fp8_gemm* g = reinterpret_cast<fp8proj_fp8_gemm*>(0x1);
+  EXPECT_EQ(fp8proj_fp8_gemm_create(nullptr, nullptr, 256, 256, 16, nullptr, nullptr), -1);
+  EXPECT_NE(last_error().find("out"), std::string::npos) << last_error();
+  EXPECT_EQ(fp8proj_fp8_gemm_create(nullptr, nullptr, 200, 256, 16, nullptr, &g), -1);
+  EXPECT_EQ(g, nullptr) << "a failed create must leave no handle behind";
+  EXPECT_NE(last_error().find("multiples of 128"), std::string::npos) << last_error();
+  EXPECT_EQ(fp8proj_fp8_gemm_create(nullptr, nullptr, 256, 256, 0, nullptr, &g), -1);
+  EXPECT_NE(last_error().find("max_m"), std::string::npos) << last_error();
+  EXPECT_EQ(fp8proj_fp8_gemm_run(nullptr, nullptr, nullptr, 4, 1, nullptr, nullptr), -1);
+  EXPECT_NE(last_error().find("handle is null"), std::string::npos) << last_error();
+  char buf[8];
+  EXPECT_EQ(fp8proj_fp8_gemm_describe(nullptr, 1, buf, sizeof buf), -1);
+  fp8proj_fp8_gemm_destroy(nullptr);  // a no-op
+}
+
+TEST(CApi, CreateWithoutGpuOrWithHostPointersFailsClearly) {
+  std::vector<uint8_t> w(256 * 256);
+  std::vector<float> s(4, 1.0f);
+  fp8proj_fp8_gemm* g = nullptr;
+  EXPECT_EQ(fp8proj_fp8_gemm_create(w.data(), s.data(), 256, 256, 16, nullptr, &g), -1);
+  EXPECT_EQ(g, nullptr);
+  std::string why;
+  const std::string expect = have_gpu(&why) ? "not device memory" : "no usable CUDA GPU";
+  EXPECT_NE(last_error().find(expect), std::string::npos) << last_error();
+}
+
+class CApiGpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!have_gpu(&why)) GTEST_SKIP() << "no GPU: " << why;
+    cudaDeviceProp prop{};
+    ASSERT_EQ(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
+    if (prop.major != 9) GTEST_SKIP() << "the FP8 kernels need sm_90 (Hopper); this GPU is sm_" << prop.major << prop.minor;
+  }
+  template <typename T>
+  T* upload(const std::vector<T>& h) {
+    void* d = nullptr;
+    EXPECT_EQ(cudaMalloc(&d, h.size() * sizeof(T)), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+    owned_.push_back(d);
+    return static_cast<T*>(d);
+  }
+  void TearDown() override {
+    for (void* p : owned_) cudaFree(p);
+  }
+  std::vector<void*> owned_;
+};
+
+// y = dequant(x) . dequant(w)^T through the ABI, against fp64 on the host; bitwise repeatable;
+// M = 0 a no-op; m > max_m and a host output pointer refused without touching the GPU.
+TEST_F(CApiGpu, MatchesFp64ProductOfDecodedOperands) {
+  const int64_t n = 384, k = 512, max_m = 80;
+  std::mt19937 rng(7);
+  auto random_e4m3 = [&](size_t count) {
+    std::vector<uint8_t> v(count);
+    for (auto& b : v) {
+      do b = static_cast<uint8_t>(rng()); while ((b & 0x7f) == 0x7f);  // no NaN encodings
+    }
+    return v;
+  };
+  std::uniform_int_distribution<int> ex(-12, 4);
+  std::uniform_real_distribution<float> frac(1.0f, 2.0f);
+  const std::vector<uint8_t> w = random_e4m3(n * k), x = random_e4m3(max_m * k);
+  std::vector<float> ws((n / 128) * (k / 128)), xs((k / 128) * max_m);
+  for (auto& s : ws) s = std::ldexp(1.0f, ex(rng));        // UE8M0-style powers of two ...
+  for (auto& s : xs) s = frac(rng) * std::ldexp(1.0f, ex(rng));  // ... and arbitrary fp32 scales
+  const uint8_t* dw = upload(w);
+  const float* dws = upload(ws);
+  const uint8_t* dx = upload(x);
+  const float* dxs = upload(xs);
+  void* dy = nullptr;
+  ASSERT_EQ(cudaMalloc(&dy, max_m * n * 2), cudaSuccess);
+  owned_.push_back(dy);
+
+  fp8proj_fp8_gemm* g = nullptr;
+  ASSERT_EQ(fp8proj_fp8_gemm_create(dw, dws, n, k, max_m, "sm90_fp8_block", &g), 0) << last_error();
+  ASSERT_NE(g, nullptr);
+  char desc[128];
+  ASSERT_EQ(fp8proj_fp8_gemm_describe(g, 77, desc, sizeof desc), 0) << last_error();
+  EXPECT_EQ(std::string(desc).rfind("sm90_fp8_block:", 0), 0u) << desc;
+
+  for (int64_t m : {int64_t{1}, int64_t{77}}) {
+    ASSERT_EQ(cudaMemset(dy, 0xff, max_m * n * 2), cudaSuccess);  // NaN poison
+    ASSERT_EQ(fp8proj_fp8_gemm_run(g, dx, dxs, max_m, m, dy, nullptr), 0) << last_error();
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<uint16_t> y(m * n), again(m * n);
+    ASSERT_EQ(cudaMemcpy(y.data(), dy, y.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(fp8proj_fp8_gemm_run(g, dx, dxs, max_m, m, dy, nullptr), 0) << last_error();
+    ASSERT_EQ(cudaMemcpy(again.data(), dy, again.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(y, again) << "not bitwise repeatable at m=" << m;
+
+    double err = 0, ref = 0;
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        double acc = 0;
+        for (int64_t kk = 0; kk < k; ++kk)
+          acc += decode_e4m3(x[i * k + kk]) * xs[(kk / 128) * max_m + i] * decode_e4m3(w[j * k + kk]) *
+                 ws[(j / 128) * (k / 128) + kk / 128];
+        const double got = bf16_to_double(y[i * n + j]);
+        ASSERT_TRUE(std::isfinite(got)) << "y[" << i << "," << j << "] not written or not finite, m=" << m;
+        err += (got - acc) * (got - acc);
+        ref += acc * acc;
+      }
+    EXPECT_LE(std::sqrt(err / ref), 2e-3) << "m=" << m;
+  }
+
+  EXPECT_EQ(fp8proj_fp8_gemm_run(g, dx, dxs, max_m, 0, dy, nullptr), 0) << last_error();
+  EXPECT_EQ(fp8proj_fp8_gemm_run(g, dx, dxs, max_m, max_m + 1, dy, nullptr), -1);
+  EXPECT_NE(last_error().find("max_m"), std::string::npos) << last_error();
+  std::vector<uint16_t> host_y(n);
+  EXPECT_EQ(fp8proj_fp8_gemm_run(g, dx, dxs, max_m, 1, host_y.data(), nullptr), -1);
+  EXPECT_NE(last_error().find("not device memory"), std::string::npos) << last_error();
+  EXPECT_EQ(fp8proj_fp8_gemm_run(g, dx, dxs, 2, 77, dy, nullptr), -1);  // scale stride < m
+  EXPECT_NE(last_error().find("stride"), std::string::npos) << last_error();
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << "a refused call must not leave a device error behind";
+  fp8proj_fp8_gemm_destroy(g);
+}
+
+}  // namespace

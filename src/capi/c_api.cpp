@@ -98,11 +98,14 @@ void create(const void* w_values, const float* w_scales, int64_t n, int64_t k, i
   } else {
     be = find_backend(wanted, GemmKind::fp8_block);
     if (!be) {
-      std::string why = "unknown backend (known: ";
-      for (const auto& [nm, reason] : backend_status())
-        if (nm == wanted) why = reason.empty() ? "not a block-scaled FP8 backend" : reason;
-        else if (why.starts_with("unknown")) why += nm + " ";
-      FP8PROJ_FAIL("FP8 backend '", wanted, "' is unusable: ", why.starts_with("unknown") ? why + ")" : why);
+      std::string known;
+      for (const auto& [nm, reason] : backend_status()) {
+        if (nm == wanted)
+          FP8PROJ_FAIL("FP8 backend '", wanted, "' is unusable: ",
+                       reason.empty() ? "it is not a block-scaled FP8 backend" : reason);
+        known += (known.empty() ? "" : ", ") + nm;
+      }
+      FP8PROJ_FAIL("unknown FP8 backend '", wanted, "' (known: ", known, ")");
     }
     FP8PROJ_CHECK(be->space() == MemorySpace::device, "backend '", wanted, "' runs on the host; the C API takes device buffers");
     const std::string why = be->unsupported_reason(n, k);

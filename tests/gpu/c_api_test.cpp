@@ -120,6 +120,13 @@ TEST_F(CApiGpu, MatchesFp64ProductOfDecodedOperands) {
   owned_.push_back(dy);
 
   fp8proj_fp8_gemm* g = nullptr;
+  EXPECT_EQ(fp8proj_fp8_gemm_create(dw, dws, n, k, max_m, "no_such_backend", &g), -1);
+  EXPECT_NE(last_error().find("unknown FP8 backend"), std::string::npos) << last_error();
+  EXPECT_EQ(fp8proj_fp8_gemm_create(dw, dws, n, k, max_m, "cublaslt_bf16", &g), -1);
+  EXPECT_NE(last_error().find("not a block-scaled FP8 backend"), std::string::npos) << last_error();
+  EXPECT_EQ(fp8proj_fp8_gemm_create(dw, dws, n, k, max_m, "cpu_reference", &g), -1);
+  EXPECT_NE(last_error().find("runs on the host"), std::string::npos) << last_error();
+  EXPECT_EQ(g, nullptr);
   ASSERT_EQ(fp8proj_fp8_gemm_create(dw, dws, n, k, max_m, "sm90_fp8_block", &g), 0) << last_error();
   ASSERT_NE(g, nullptr);
   char desc[128];

@@ -92,6 +92,12 @@ const GemmBackend* find_backend(std::string_view name);
 const GemmBackend* find_backend(std::string_view name, GemmKind kind);
 // The default backend of a kind for a memory space and weight shape ("auto"), or nullptr.
 const GemmBackend* default_backend(GemmKind kind, MemorySpace space, int64_t n, int64_t k);
+// The backend a caller names for a kind, memory space and weight shape: "auto" is
+// default_backend; any other name must be registered, usable in this process, of this kind
+// and memory space, and able to run n x k. Otherwise throws fp8proj::Error saying which of
+// these fails (an unknown name lists the known ones), prefixed with `who` when not empty.
+const GemmBackend& resolve_backend(std::string_view name, GemmKind kind, MemorySpace space, int64_t n, int64_t k,
+                                   std::string_view who = {});
 
 // Argument checks shared by all plans; throw fp8proj::Error naming the bad argument.
 void check_gemm_bf16_args(const bf16* x, int64_t m, int64_t k_expected, const bf16* y,

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace fp8proj {
@@ -50,6 +51,14 @@ namespace fp8proj {
 struct DeviceInfo;
 
 inline constexpr const char* kTuneFormat = "fp8proj-tune/1";
+
+// GemmPlanOptions::config_by_m of one plan from a tuned row: runs[i] (parallel to
+// row.buckets) is what that plan runs in bucket i -- a configuration name, "" for its
+// backend's heuristic, nullopt when another plan runs the bucket. Every bucket the plan runs is
+// listed, "" included, so that a bucket left to the heuristic does not inherit the next tuned
+// bucket's configuration; empty when none of them names a configuration.
+std::vector<std::pair<int64_t, std::string>> tuned_config_by_m(const TunedShape& row,
+                                                               const std::vector<std::optional<std::string>>& runs);
 
 // Parses and validates a table file; throws fp8proj::Error naming the file and the problem.
 TuneTable load_tune_table(const std::string& path);

@@ -7,8 +7,10 @@
 #include <cstring>
 #include <exception>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "fp8proj/device.hpp"
 #include "fp8proj/error.hpp"
@@ -23,7 +25,7 @@
 struct fp8proj_fp8_gemm {
   const fp8proj::GemmBackend* backend = nullptr;
   std::unique_ptr<fp8proj::Fp8GemmPlan> plan;
-  int64_t n = 0, k = 0, max_m = 0;
+  int64_t k = 0, max_m = 0;
 };
 
 namespace fp8proj {
@@ -60,22 +62,17 @@ void check_device_pointer(const void* p, const char* what) {
 #endif
 }
 
-// The projection layer's rule (layer/projection.cpp): the tuned table's buckets that name
-// this backend give their configuration; the others, and any M above the last bucket, leave
-// the choice to the backend's heuristic.
+// The projection layer's rule: the tuned buckets that name this backend run their
+// configuration, every other M the backend's heuristic (one plan runs every M here).
 GemmPlanOptions plan_options(const GemmBackend& backend, int64_t n, int64_t k, int64_t max_m) {
   GemmPlanOptions po;
   po.max_m = max_m;
   const TuneTable* table = active_tune_table();
-  const TunedShape* row = table ? table->find(n, k) : nullptr;
-  if (!row) return po;
-  bool any = false;
-  for (const TunedBucket& b : row->buckets) {
-    const bool mine = b.fp8_backend == backend.name();
-    po.config_by_m.emplace_back(b.m_hi, mine ? b.fp8_config : std::string());
-    any = any || (mine && !b.fp8_config.empty());
+  if (const TunedShape* row = table ? table->find(n, k) : nullptr) {
+    std::vector<std::optional<std::string>> runs;
+    for (const TunedBucket& b : row->buckets) runs.emplace_back(b.fp8_backend == backend.name() ? b.fp8_config : "");
+    po.config_by_m = tuned_config_by_m(*row, runs);
   }
-  if (!any) po.config_by_m.clear();
   return po;
 }
 
@@ -90,30 +87,10 @@ void create(const void* w_values, const float* w_scales, int64_t n, int64_t k, i
   check_device_pointer(w_values, "w_values");
   check_device_pointer(w_scales, "w_scales");
 
-  const std::string wanted = name && *name ? name : "auto";
-  const GemmBackend* be = nullptr;
-  if (wanted == "auto") {
-    be = default_backend(GemmKind::fp8_block, MemorySpace::device, n, k);
-    FP8PROJ_CHECK(be != nullptr, "no block-scaled FP8 backend can run ", n, "x", k, " on this GPU");
-  } else {
-    be = find_backend(wanted, GemmKind::fp8_block);
-    if (!be) {
-      std::string known;
-      for (const auto& [nm, reason] : backend_status()) {
-        if (nm == wanted)
-          FP8PROJ_FAIL("FP8 backend '", wanted, "' is unusable: ",
-                       reason.empty() ? "it is not a block-scaled FP8 backend" : reason);
-        known += (known.empty() ? "" : ", ") + nm;
-      }
-      FP8PROJ_FAIL("unknown FP8 backend '", wanted, "' (known: ", known, ")");
-    }
-    FP8PROJ_CHECK(be->space() == MemorySpace::device, "backend '", wanted, "' runs on the host; the C API takes device buffers");
-    const std::string why = be->unsupported_reason(n, k);
-    FP8PROJ_CHECK(why.empty(), "backend '", wanted, "' cannot run ", n, "x", k, ": ", why);
-  }
+  const GemmBackend* be =
+      &resolve_backend(name && *name ? name : "auto", GemmKind::fp8_block, MemorySpace::device, n, k);
   auto g = std::make_unique<fp8proj_fp8_gemm>();
   g->backend = be;
-  g->n = n;
   g->k = k;
   g->max_m = max_m;
   g->plan = be->plan_fp8(Fp8WeightView{static_cast<const uint8_t*>(w_values), w_scales, n, k},

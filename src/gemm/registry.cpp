@@ -45,6 +45,35 @@ const GemmBackend* find_backend(std::string_view name, GemmKind kind) {
   return nullptr;
 }
 
+const GemmBackend& resolve_backend(std::string_view name, GemmKind kind, MemorySpace space, int64_t n, int64_t k,
+                                   std::string_view who) {
+  const std::string pre = who.empty() ? std::string() : std::string(who) + ": ";
+  const char* kind_name = kind == GemmKind::bf16 ? "bf16" : "FP8";
+  const char* space_name = space == MemorySpace::host ? "the host" : "the device";
+  if (name == "auto") {
+    const GemmBackend* b = default_backend(kind, space, n, k);
+    FP8PROJ_CHECK(b != nullptr, pre, "no ", kind_name, " backend can run ", n, "x", k, " on ", space_name);
+    return *b;
+  }
+  if (const GemmBackend* b = find_backend(name, kind)) {
+    FP8PROJ_CHECK(b->space() == space, pre, kind_name, " backend '", name, "' runs on ",
+                  b->space() == MemorySpace::host ? "the host" : "the device", ", not on ", space_name);
+    const std::string why = b->unsupported_reason(n, k);
+    FP8PROJ_CHECK(why.empty(), pre, kind_name, " backend '", name, "' cannot run ", n, "x", k, ": ", why);
+    return *b;
+  }
+  std::string known;
+  for (const auto& [nm, reason] : backend_status()) {
+    if (nm == name)
+      FP8PROJ_FAIL(pre, kind_name, " backend '", name, "' is unusable: ",
+                   reason.empty() ? std::string("it is not a ") + (kind == GemmKind::bf16 ? "bf16" : "block-scaled FP8") +
+                                        " backend"
+                                  : reason);
+    known += (known.empty() ? "" : ", ") + nm;
+  }
+  FP8PROJ_FAIL(pre, "unknown ", kind_name, " backend '", name, "' (known: ", known, ")");
+}
+
 const GemmBackend* default_backend(GemmKind kind, MemorySpace space, int64_t n, int64_t k) {
   if (space == MemorySpace::host) return &cpu_reference_backend(kind);
   // Device preference: our kernel first, cuBLASLt's blockwise path as the fallback.

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -128,15 +129,7 @@ struct ProjectionLayer::Impl {
   }
 
   void make_fp8_copy() {
-    const GemmBackend* primary = opt.fp8_backend == "auto" ? default_backend(GemmKind::fp8_block, space, n, k)
-                                                           : find_backend(opt.fp8_backend, GemmKind::fp8_block);
-    if (opt.fp8_backend != "auto") {
-      FP8PROJ_CHECK(primary != nullptr, opt.name, ": FP8 backend '", opt.fp8_backend, "' is not available here");
-      FP8PROJ_CHECK(primary->kind() == GemmKind::fp8_block && primary->space() == space, opt.name, ": backend '",
-                    opt.fp8_backend, "' is not a block-scaled FP8 backend for this memory space");
-      const std::string why = primary->unsupported_reason(n, k);
-      FP8PROJ_CHECK(why.empty(), opt.name, ": backend '", opt.fp8_backend, "' cannot run ", n, "x", k, ": ", why);
-    }
+    const GemmBackend* primary = &resolve_backend(opt.fp8_backend, GemmKind::fp8_block, space, n, k, opt.name);
     fp8_values = Buffer(space, static_cast<size_t>(n * k));
     fp8_scales = Buffer(space, static_cast<size_t>(ceil_div(n, 128) * ceil_div(k, 128)) * sizeof(float));
     const Fp8WeightOut out{fp8_values.data<uint8_t>(), fp8_scales.data<float>(), n, k};
@@ -175,12 +168,12 @@ struct ProjectionLayer::Impl {
     for (const GemmBackend* be : wanted) {
       GemmPlanOptions po;
       po.max_m = ws->max_tokens();
-      // Every bucket this backend runs, "" (its heuristic) included, so that a bucket left to
-      // the heuristic does not inherit the configuration of the next tuned bucket above it.
-      auto tuned_here = [&](const auto& pb) { return pb.first == be && !pb.second.empty(); };
-      if (std::any_of(per_bucket.begin(), per_bucket.end(), tuned_here))
-        for (size_t i = 0; i < per_bucket.size(); ++i)
-          if (per_bucket[i].first == be) po.config_by_m.emplace_back(tuned->buckets[i].m_hi, per_bucket[i].second);
+      if (tuned) {
+        std::vector<std::optional<std::string>> runs;
+        for (const auto& [bucket_be, config] : per_bucket)
+          runs.push_back(bucket_be == be ? std::optional<std::string>(config) : std::nullopt);
+        po.config_by_m = tuned_config_by_m(*tuned, runs);
+      }
       fp8_plans.push_back({be, be->plan_fp8(out.view(), po)});
     }
     for (const auto& pb : per_bucket)
@@ -209,11 +202,7 @@ ProjectionLayer::ProjectionLayer(MemorySpace space, const bf16* weight, int64_t 
   }
   s.ops = &quant_ops(space);
 
-  s.bf16_backend = s.opt.bf16_backend == "auto" ? default_backend(GemmKind::bf16, space, n, k)
-                                                : find_backend(s.opt.bf16_backend, GemmKind::bf16);
-  FP8PROJ_CHECK(s.bf16_backend != nullptr && s.bf16_backend->kind() == GemmKind::bf16 &&
-                    s.bf16_backend->space() == space,
-                name, ": no bf16 backend '", s.opt.bf16_backend, "' for this memory space");
+  s.bf16_backend = &resolve_backend(s.opt.bf16_backend, GemmKind::bf16, space, n, k, name);
   GemmPlanOptions bo;
   bo.max_m = s.opt.max_tokens;
   s.bf16_plan = s.bf16_backend->plan_bf16(weight, n, k, bo);

@@ -21,6 +21,21 @@ namespace fp8proj {
 
 using nlohmann::json;
 
+std::vector<std::pair<int64_t, std::string>> tuned_config_by_m(const TunedShape& row,
+                                                               const std::vector<std::optional<std::string>>& runs) {
+  FP8PROJ_CHECK(runs.size() == row.buckets.size(), "tuned_config_by_m: ", runs.size(), " entries for ",
+                row.buckets.size(), " buckets");
+  std::vector<std::pair<int64_t, std::string>> out;
+  bool tuned = false;
+  for (size_t i = 0; i < runs.size(); ++i)
+    if (runs[i]) {
+      out.emplace_back(row.buckets[i].m_hi, *runs[i]);
+      tuned = tuned || !runs[i]->empty();
+    }
+  if (!tuned) out.clear();
+  return out;
+}
+
 const TunedBucket* TunedShape::bucket_for(int64_t m) const {
   for (const auto& b : buckets)
     if (m >= b.m_lo && m <= b.m_hi) return &b;

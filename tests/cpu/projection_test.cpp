@@ -7,6 +7,7 @@
 
 #include "env_guard.hpp"
 #include "fp8proj/error.hpp"
+#include "fp8proj/gemm.hpp"
 #include "fp8proj/projection.hpp"
 #include "fp8proj/quantize.hpp"
 #include "fp8proj/reference.hpp"
@@ -191,6 +192,37 @@ TEST(Projection, BadInputAndEmptyCalls) {
   ProjectionLayer off(MemorySpace::host, w.data(), 128, 256, opts(false));
   HostFp8Activation q2 = make_host_fp8_activation(4, 256);
   EXPECT_THROW(off.forward_quantized(q2.view(), y.data()), Error);  // no FP8 copy
+}
+
+// A backend named by a caller (ProjectionOptions, the C API) resolves, or says why not.
+TEST(Projection, BackendNamesResolveOrSayWhy) {
+  auto message = [](auto&& f) -> std::string {
+    try {
+      f();
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  EXPECT_EQ(resolve_backend("cpu_reference", GemmKind::fp8_block, MemorySpace::host, 128, 256).name(), "cpu_reference");
+  EXPECT_EQ(resolve_backend("auto", GemmKind::bf16, MemorySpace::host, 100, 30).name(), "cpu_reference");
+  std::string m = message([] { resolve_backend("nope", GemmKind::fp8_block, MemorySpace::host, 128, 256, "L"); });
+  EXPECT_NE(m.find("L: unknown FP8 backend 'nope'"), std::string::npos) << m;
+  EXPECT_NE(m.find("cpu_reference"), std::string::npos) << m;  // the known names
+  m = message([] { resolve_backend("cpu_reference", GemmKind::fp8_block, MemorySpace::device, 128, 256); });
+  EXPECT_NE(m.find("runs on the host, not on the device"), std::string::npos) << m;
+  m = message([] { resolve_backend("cpu_reference", GemmKind::fp8_block, MemorySpace::host, 128, 200); });
+  EXPECT_NE(m.find("cannot run 128x200"), std::string::npos) << m;
+  m = message([] { resolve_backend("sm90_fp8_block", GemmKind::fp8_block, MemorySpace::host, 128, 256); });
+  EXPECT_TRUE(m.find("is unusable") != std::string::npos || m.find("runs on the device") != std::string::npos) << m;
+
+  CleanEnv clean;
+  const auto w = random_bf16(128 * 256, 9, 0.02f);
+  ProjectionOptions bad = opts(true);
+  bad.name = "layers.3.q_b_proj";
+  bad.fp8_backend = "no_such_backend";
+  m = message([&] { ProjectionLayer(MemorySpace::host, w.data(), 128, 256, bad); });
+  EXPECT_NE(m.find("layers.3.q_b_proj: unknown FP8 backend 'no_such_backend'"), std::string::npos) << m;
 }
 
 TEST(Projection, NaNRowPropagatesOnBothPaths) {

@@ -4,6 +4,10 @@
 
 #include <cstdio>
 #include <fstream>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "fp8proj/device.hpp"
 #include "fp8proj/error.hpp"
@@ -91,6 +95,22 @@ TEST(TuneTable, StampMustMatchTheGpu) {
 TEST(TuneTable, FileNameFromGpuName) {
   EXPECT_EQ(tune_file_name("NVIDIA H200"), "nvidia-h200.json");
   EXPECT_EQ(tune_file_name("NVIDIA H100 80GB HBM3"), "nvidia-h100-80gb-hbm3.json");
+}
+
+// What one plan is told per M: the buckets it runs, with "" (its heuristic) kept so a bucket
+// left to the heuristic does not inherit the next tuned configuration; nothing if none is tuned.
+TEST(TuneTable, ConfigByMForOnePlan) {
+  const TuneTable table = sample();
+  const TunedShape& row = table.shapes[0];
+  using Runs = std::vector<std::optional<std::string>>;
+  using Out = std::vector<std::pair<int64_t, std::string>>;
+  EXPECT_EQ(tuned_config_by_m(row, Runs{"m64n128", "m64n128", std::nullopt}),
+            (Out{{16, "m64n128"}, {128, "m64n128"}}));
+  EXPECT_EQ(tuned_config_by_m(row, Runs{"", "m64n128", std::nullopt}), (Out{{16, ""}, {128, "m64n128"}}));
+  EXPECT_EQ(tuned_config_by_m(row, Runs{"m64n128", "", ""}), (Out{{16, "m64n128"}, {128, ""}, {32768, ""}}));
+  EXPECT_TRUE(tuned_config_by_m(row, Runs{"", std::nullopt, ""}).empty());
+  EXPECT_TRUE(tuned_config_by_m(row, Runs{std::nullopt, std::nullopt, std::nullopt}).empty());
+  EXPECT_THROW(tuned_config_by_m(row, Runs{""}), Error);
 }
 
 }  // namespace

@@ -77,8 +77,8 @@ TEST(Sm90Fp8Heuristic, CarryConfigsNeedTwoTilesPerCta) {
 }
 
 TEST(Sm90Fp8Heuristic, FamilyIsSmallAndCoversTheNewTiles) {
-  // Each kernel costs build time (the 19 of this family: ~13 s of nvcc on 2 cores); the family
-  // stays small.
+  // Each kernel costs build time (the 28 of this family and 9 K-specialized copies: ~30 s of
+  // nvcc on 2 cores); the family stays small.
   EXPECT_LE(kernel_family().size(), 28u);
   for (const char* name : {"m128n96_ws2_st7", "m128n112_ws2_st6", "m128n160_ws2_st5", "m128n128_ws2_st5_mc2",
                            "m64n32_ws1_st15", "m64n48_ws1_st14", "m64n64_ws1_st12", "m64n96_ws1_st10",

@@ -18,6 +18,7 @@
 #include <tuple>
 #include <vector>
 
+#include "cuda/gemm/sm90_fp8_gemm.hpp"
 #include "fp8proj/error.hpp"
 #include "fp8proj/gemm.hpp"
 #include "fp8proj/ops.hpp"
@@ -148,6 +149,59 @@ TEST_P(Fp8GemmGpuArgs, EmptyBatchIsNoOpAndBadPointersThrow) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, Fp8GemmGpuArgs, ::testing::ValuesIn(kFp8Backends));
+
+// ---- the sm90 kernels compiled for one K ------------------------------------------------
+
+// m256n128_ws2_st3, m128n192_ws2_st4 and m128n192_ws2_st4_c also exist compiled for K = 1536,
+// 2048 and 4096 (kernels::FixedK), which sm90::run picks by k: each against the fp64 oracle
+// (poisoned output: every element written, M a tail of every tile height, 128 x 192 tiles
+// straddling B-scale blocks) and bitwise equal over two runs.
+class Sm90CompiledKGpu : public GpuTest, public ::testing::WithParamInterface<std::tuple<std::string, int64_t>> {};
+
+TEST_P(Sm90CompiledKGpu, MatchesFp64AndRepeatsBitwise) {
+  const DeviceInfo& dev = current_device();
+  if (dev.cc_major != 9 || dev.cc_minor != 0) GTEST_SKIP() << "the sm90 kernels need an sm_90 GPU, this is " << dev.arch();
+  const auto& [config, k] = GetParam();
+  const int64_t m = 333, n = 768;
+  const sm90::Problem p{m, n, k, dev.sm_count};
+  const sm90::Config cfg = sm90::forced(config, p);
+
+  const auto w = testing::normal_rows_bf16(n, k, uint32_t(5 * n + k), 0.05f);
+  const auto x = testing::normal_rows_bf16(m, k, uint32_t(11 * m + k));
+  HostFp8Weight qw = make_host_fp8_weight(n, k);
+  cpu::quantize_weight(w.data(), n, k, qw.out());
+  HostFp8Activation qx = make_host_fp8_activation(m, k);
+  cpu::quantize_activation(x.data(), m, k, qx.out());
+  const std::vector<double> ref =
+      cpu::gemm_f64(cpu::dequantize(qx.view()).data(), cpu::dequantize(qw.view()).data(), m, n, k);
+
+  Buffer dw_values = to_device(qw.values), dw_scales = to_device(qw.scales);
+  Buffer dx_values = to_device(qx.values), dx_scales = to_device(qx.scales);
+  std::vector<bf16> first;
+  for (int run = 0; run < 2; ++run) {
+    Buffer y = poisoned(static_cast<size_t>(m * n) * sizeof(bf16));
+    const sm90::Fp8GemmArgs args{m, n, k, dx_values.data<uint8_t>(), dx_scales.data<float>(), qx.scale_ld,
+                                 dw_values.data<uint8_t>(), dw_scales.data<float>(), y.data()};
+    sm90::run(args, cfg, nullptr, 0, dev.sm_count, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const auto got = to_host<bf16>(y.data(), static_cast<size_t>(m * n));
+    if (run == 0) {
+      first = got;
+      EXPECT_EQ(count_non_finite(got), 0) << "outputs left unwritten (NaN poison) or not finite";
+      const ErrorStats e = compare(got.data(), ref.data(), m * n);
+      EXPECT_LE(e.rel_frobenius, kFp8GemmRelTol) << "max abs error " << e.max_abs;
+    } else {
+      EXPECT_EQ(std::memcmp(got.data(), first.data(), got.size() * sizeof(bf16)), 0) << "run " << run << " differs";
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Configs, Sm90CompiledKGpu,
+                         ::testing::Combine(::testing::Values("m256n128_ws2_st3", "m128n192_ws2_st4", "m128n192_ws2_st4_c"),
+                                            ::testing::Values(int64_t{1536}, int64_t{2048}, int64_t{4096})),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_k" + std::to_string(std::get<1>(info.param));
+                         });
 
 // ---- bf16 --------------------------------------------------------------------------------
 

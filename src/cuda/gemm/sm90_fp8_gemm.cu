@@ -1,5 +1,6 @@
 // Launcher of the sm90_fp8_block kernel family: argument checks, TMA descriptors, explicit
-// instantiation of the few kernels in kernel_family(), and the launch.
+// instantiation of the few kernels in kernel_family() (three of them also compiled for the
+// target shapes' K, launch_1d2d_for_k), and the launch.
 //
 // Build (sm_90a only; wgmma and setmaxnreg need the "a" target), one line:
 //   nvcc -std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a -Xptxas -v -Iinclude -Isrc
@@ -156,6 +157,27 @@ void launch_1d2d(const Fp8GemmArgs& x, const Config& cfg, int num_sms, cudaStrea
   }
 }
 
+// Large-M kernels that also exist compiled for the K of the target shapes (kernels::FixedK):
+// q_b_proj's K = 1536 / 2048 and o_proj's K = 4096 (TP4); same configuration names, picked
+// here by k. Not for K = 16384, where the loop overhead is spread over 128 K blocks.
+template <class T>
+constexpr bool kCompiledPerK = std::is_same_v<T, kernels::Gemm1d2dTraits<256, 128, 2, 3>> ||
+                               std::is_same_v<T, kernels::Gemm1d2dTraits<128, 192, 2, 4>> ||
+                               std::is_same_v<T, kernels::Gemm1d2dTraits<128, 192, 2, 4, 1, false, true>>;
+
+template <class T>
+void launch_1d2d_for_k(const Fp8GemmArgs& x, const Config& cfg, int num_sms, cudaStream_t stream) {
+  if constexpr (kCompiledPerK<T>) {
+    switch (x.k) {
+      case 1536: return launch_1d2d<kernels::FixedK<T, 12>>(x, cfg, num_sms, stream);
+      case 2048: return launch_1d2d<kernels::FixedK<T, 16>>(x, cfg, num_sms, stream);
+      case 4096: return launch_1d2d<kernels::FixedK<T, 32>>(x, cfg, num_sms, stream);
+      default: break;
+    }
+  }
+  launch_1d2d<T>(x, cfg, num_sms, stream);
+}
+
 template <class T>
 void launch_swapab(const Fp8GemmArgs& x, const Config& cfg, void* workspace, int num_sms, cudaStream_t stream) {
   static_assert(T::kSmemFixed == smem_fixed_bytes(KernelKind::kSwapAB, T::BLOCK_TOK, T::BLOCK_W, T::kStages),
@@ -239,7 +261,7 @@ bool launch_instantiated(std::tuple<T...>*, const Fp8GemmArgs& x, const Config& 
     if constexpr (kIsSwapAB<U>)
       launch_swapab<U>(x, cfg, workspace, num_sms, stream);
     else
-      launch_1d2d<U>(x, cfg, num_sms, stream);
+      launch_1d2d_for_k<U>(x, cfg, num_sms, stream);
     return true;
   };
   return (try_one(static_cast<T*>(nullptr)) || ...);

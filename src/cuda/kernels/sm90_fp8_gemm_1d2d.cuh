@@ -99,6 +99,8 @@ struct Gemm1d2dTraits {
   // separate configuration that the tuner picks per M.
   static constexpr bool kCarry = kCarry_;
   static constexpr int kSfbRows = kStraddle ? 2 : 1;
+  // K / 128 when the kernel is compiled for one K (FixedK below); 0: read from the argument k.
+  static constexpr uint32_t kFixedKb = 0;
 
   // Output staging: slabs of kDSwizzle bytes (= kDSwizzle/2 bf16 columns) x BLOCK_M rows.
   static constexpr int kDSwizzle = BLOCK_N % 64 == 0 ? 128 : (BLOCK_N % 32 == 0 ? 64 : 32);
@@ -137,6 +139,17 @@ struct Gemm1d2dTraits {
                 "128B-swizzled tiles must start on 1024-byte boundaries");
   static_assert(2 * kStages * 8 <= 256, "barrier region holds 2 x kStages mbarriers");
   static_assert(kProducerRegs * 128 + kMathRegs * kMathThreads <= 65536, "register file: 64K per SM");
+};
+
+// The kernel T compiled for K = 128 * kKb: its K loops have constant trip counts (no
+// remainder code in the unrolled main loop) and its B-scale set a constant size, as DeepGEMM
+// gets by compiling each shape at run time. H200 (bench/results/h200/ab/14): 1-3% faster for
+// m256n128 and m128n192 at K = 2048. The carried 256x128 kernel is not compiled this way: with
+// a constant trip count ptxas spills 160-176 B and serializes its WGMMAs (C7515). The launcher
+// runs it for that K only (the kernel traps on any other).
+template <class T, uint32_t kKb>
+struct FixedK : T {
+  static constexpr uint32_t kFixedKb = kKb;
 };
 
 // acc += (sa * sb) * part: the two-level accumulation, scales applied for free (thread's rows
@@ -182,7 +195,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 
   const uint32_t warp = __shfl_sync(0xffffffffu, threadIdx.x / 32, 0);  // warp-uniform
   const uint32_t lane = threadIdx.x % 32;
-  const uint32_t num_kb = k / 128;
+  if (T::kFixedKb != 0 && k != 128 * T::kFixedKb) __trap();  // a launcher bug: never a wrong result
+  const uint32_t num_kb = T::kFixedKb != 0 ? T::kFixedKb : k / 128;
 
   // Empty barriers count the consumer warps of every CTA the stage's shared tile reaches.
   if (threadIdx.x == T::kMathThreads)

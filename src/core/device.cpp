@@ -3,6 +3,7 @@
 #include <string>
 
 #include "fp8proj/memory.hpp"
+#include "fp8proj_git_commit.hpp"  // FP8PROJ_GIT_COMMIT, generated at build time (cmake/git_stamp.cmake)
 
 #if FP8PROJ_WITH_CUDA
 #include <cublasLt.h>
@@ -11,9 +12,6 @@
 
 #ifndef FP8PROJ_VERSION
 #define FP8PROJ_VERSION "0.0.0"
-#endif
-#ifndef FP8PROJ_GIT_COMMIT
-#define FP8PROJ_GIT_COMMIT "unknown"
 #endif
 
 namespace fp8proj {

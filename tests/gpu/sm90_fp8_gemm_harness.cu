@@ -183,48 +183,61 @@ __global__ void empty_smem_kernel() {
   if (threadIdx.x == 1024) smem[0] = 0;  // never: keeps the dynamic allocation
 }
 
-// Weight stream by TMA alone: CTA g loads the 128-row weight blocks g, g + G, ... over all K
-// into a kStreamStages ring of 16 KB slots, each slot's full barrier awaited before it is
-// reused (the data is never read: the producer side of a GEMM with free consumers). Either as
-// the GEMMs load it -- 2D boxes {128 B, 128 rows}, 128B swizzle, through the tensor map `w` --
-// or (kPreTiled) from a weight stored pre-tiled, each 128 x 128 B block contiguous as a
-// load-time repack could store it: one 16 KB bulk copy (cp.async.bulk, no tensor map) of
-// block nb * (k / 128) + kb from `tiled`.
+// Weight stream by TMA alone: the (N / 128) x (K / 128) weight blocks of 128 rows x 128 B,
+// row block by row block, are split into `gridDim.x` contiguous ranges, one per CTA (with
+// N / 128 CTAs: one row block each, as the swap-AB kernel without split-K loads them; with
+// one CTA per SM: all SMs busy). Each CTA loads its range into a kStreamStages ring of 16 KB
+// slots, each slot's full barrier awaited before it is reused (the data is never read: the
+// producer side of a GEMM with free consumers). Either as the GEMMs load it -- 2D boxes
+// {128 B, 128 rows}, 128B swizzle, through the tensor map `w`, with or without an L2
+// evict-first policy -- or (kPreTiled) from a weight stored pre-tiled, each 128 x 128 B block
+// contiguous as a load-time repack could store it: one 16 KB bulk copy (cp.async.bulk, no
+// tensor map) of block nb * (k / 128) + kb from `tiled`.
 constexpr int kStreamStages = 11;
 template <bool kPreTiled>
-__global__ void __launch_bounds__(32, 1)
-    weight_stream(const __grid_constant__ CUtensorMap w, const uint8_t* __restrict__ tiled, uint32_t n, uint32_t k) {
+__global__ void __launch_bounds__(32, 1) weight_stream(const __grid_constant__ CUtensorMap w,
+                                                       const uint8_t* __restrict__ tiled, uint32_t n, uint32_t k,
+                                                       bool evict_first) {
   extern __shared__ __align__(1024) uint8_t smem[];
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kStreamStages * 16384);
   if (threadIdx.x != 0) return;
   if constexpr (!kPreTiled) ptx::prefetch_tensormap(&w);
   for (int s = 0; s < kStreamStages; ++s) ptx::mbarrier_init(full + s, 1);
   ptx::mbarrier_init_fence();
+  const uint64_t policy = ptx::l2_policy_evict_first();
+  const uint32_t kbs = k / 128, total = n / 128 * kbs;
+  const uint32_t first = static_cast<uint32_t>(uint64_t{total} * blockIdx.x / gridDim.x);
+  const uint32_t last = static_cast<uint32_t>(uint64_t{total} * (blockIdx.x + 1) / gridDim.x);
   uint32_t issued = 0;
-  for (uint32_t nb = blockIdx.x; nb < n / 128; nb += gridDim.x)
-    for (uint32_t kb = 0; kb < k / 128; ++kb, ++issued) {
-      const uint32_t s = issued % kStreamStages;
-      if (issued >= kStreamStages) ptx::mbarrier_wait(full + s, (issued / kStreamStages - 1) & 1);
-      ptx::mbarrier_arrive_expect_tx(full + s, 16384);
-      if constexpr (kPreTiled) {
-        const uint8_t* src = tiled + (static_cast<size_t>(nb) * (k / 128) + kb) * 16384;
-        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], 16384, [%2];" ::"r"(
-                         ptx::smem_addr(smem + s * 16384)),
-                     "l"(src), "r"(ptx::smem_addr(full + s))
-                     : "memory");
-      } else {
-        ptx::tma_load_2d(smem + s * 16384, &w, full + s, static_cast<int32_t>(kb * 128), static_cast<int32_t>(nb * 128));
-      }
+  for (uint32_t blk = first; blk < last; ++blk, ++issued) {
+    const uint32_t s = issued % kStreamStages, nb = blk / kbs, kb = blk % kbs;
+    if (issued >= kStreamStages) ptx::mbarrier_wait(full + s, (issued / kStreamStages - 1) & 1);
+    ptx::mbarrier_arrive_expect_tx(full + s, 16384);
+    if constexpr (kPreTiled) {
+      const uint8_t* src = tiled + static_cast<size_t>(blk) * 16384;
+      asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], 16384, [%2];" ::"r"(
+                       ptx::smem_addr(smem + s * 16384)),
+                   "l"(src), "r"(ptx::smem_addr(full + s))
+                   : "memory");
+    } else if (evict_first) {
+      ptx::tma_load_2d_hint(smem + s * 16384, &w, full + s, static_cast<int32_t>(kb * 128),
+                            static_cast<int32_t>(nb * 128), policy);
+    } else {
+      ptx::tma_load_2d(smem + s * 16384, &w, full + s, static_cast<int32_t>(kb * 128), static_cast<int32_t>(nb * 128));
     }
+  }
   for (uint32_t i = issued > kStreamStages ? issued - kStreamStages : 0; i < issued; ++i)
     ptx::mbarrier_wait(full + i % kStreamStages, (i / kStreamStages) & 1);
 }
 
 // Reads `n16` 16-byte words once (grid-stride) and keeps one word per block so the loads stay.
+// kStreaming: ld.global.cs (evict-first in L1 and L2); otherwise ld.global.cg (L2, normal
+// eviction priority).
+template <bool kStreaming>
 __global__ void stream_read(const uint4* __restrict__ p, size_t n16, uint4* __restrict__ keep) {
   uint4 acc{0, 0, 0, 0};
   for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n16; i += size_t{gridDim.x} * blockDim.x) {
-    const uint4 v = __ldcs(p + i);
+    const uint4 v = kStreaming ? __ldcs(p + i) : __ldcg(p + i);
     acc.x ^= v.x, acc.y ^= v.y, acc.z ^= v.z, acc.w ^= v.w;
   }
   if ((acc.x ^ acc.y ^ acc.z ^ acc.w) == 0x9e3779b9u) keep[blockIdx.x] = acc;  // practically never
@@ -232,14 +245,21 @@ __global__ void stream_read(const uint4* __restrict__ p, size_t n16, uint4* __re
 
 // The timing protocol of every number here: 3 warm-up calls, then per call a write of
 // `flush_bytes` (evicts the 60 MB L2), an event, the call, an event; the median of `reps`.
-double timed_median_us(void* flush, size_t flush_bytes, int reps, const std::function<void()>& launch) {
+// With `read_flush` the flush reads the buffer instead (ld.global.cg): the L2 is then full
+// of clean lines, and the call's misses cost no write-backs.
+double timed_median_us(void* flush, size_t flush_bytes, int reps, const std::function<void()>& launch,
+                       bool read_flush = false) {
   cudaEvent_t e0, e1;
   CUDA_CHECK(cudaEventCreate(&e0));
   CUDA_CHECK(cudaEventCreate(&e1));
   for (int i = 0; i < 3; ++i) launch();
   std::vector<float> ms;
   for (int i = 0; i < reps; ++i) {
-    CUDA_CHECK(cudaMemsetAsync(flush, i & 0xFF, flush_bytes));
+    if (read_flush)
+      stream_read<false><<<528, 512>>>(static_cast<const uint4*>(flush), flush_bytes / 16,
+                                       static_cast<uint4*>(flush));
+    else
+      CUDA_CHECK(cudaMemsetAsync(flush, i & 0xFF, flush_bytes));
     CUDA_CHECK(cudaEventRecord(e0));
     launch();
     CUDA_CHECK(cudaEventRecord(e1));
@@ -269,34 +289,41 @@ int run_floor(int reps, int sms) {
   CUDA_CHECK(cudaMemset(src, 0x3c, max_bytes));
   CUDA_CHECK(cudaMalloc(&keep, 4096 * sizeof(uint4)));
   CUDA_CHECK(cudaMalloc(&flush, size_t{256} << 20));
-  for (size_t flush_mb : {size_t{120}, size_t{256}}) {
-    const size_t fb = flush_mb << 20;
-    std::printf("floor, %zu MB flush before each call, median of %d:\n", flush_mb, reps);
-    std::printf("  empty kernel <<<1, 32>>>                 %8.2f us\n",
-                timed_median_us(flush, fb, reps, [] { empty_kernel<<<1, 32>>>(); }));
+  CUDA_CHECK(cudaMemset(flush, 0, size_t{256} << 20));
+  struct Flush {
+    size_t mb;
+    bool read;
+  };
+  for (const Flush f : {Flush{120, false}, Flush{256, false}, Flush{120, true}}) {
+    const size_t fb = f.mb << 20;
+    auto timed = [&](const std::function<void()>& launch) { return timed_median_us(flush, fb, reps, launch, f.read); };
+    std::printf("floor, %zu MB flush (%s) before each call, median of %d:\n", f.mb,
+                f.read ? "read: clean L2" : "write: dirty L2", reps);
+    std::printf("  empty kernel <<<1, 32>>>                 %8.2f us\n", timed([] { empty_kernel<<<1, 32>>>(); }));
     std::printf("  empty kernel <<<%d, 384>>>               %8.2f us\n", sms,
-                timed_median_us(flush, fb, reps, [sms] { empty_kernel<<<sms, 384>>>(); }));
+                timed([sms] { empty_kernel<<<sms, 384>>>(); }));
     std::printf("  empty kernel <<<%d, 384, 227 KB>>>       %8.2f us\n", sms,
-                timed_median_us(flush, fb, reps, [sms] { empty_smem_kernel<<<sms, 384, kMaxSmemPerBlock>>>(); }));
+                timed([sms] { empty_smem_kernel<<<sms, 384, kMaxSmemPerBlock>>>(); }));
     for (size_t mb_n : {size_t{4096} * 2048, size_t{6144} * 4096, size_t{7168} * 16384}) {
-      const double us = timed_median_us(flush, fb, reps, [&] { stream_read<<<4 * sms, 512>>>(src, mb_n / 16, keep); });
-      std::printf("  stream read %6.1f MB (%d x 512 threads)  %8.2f us  %5.2f TB/s\n", mb_n / 1e6, 4 * sms, us,
-                  mb_n / us * 1e-6);
+      const double cs = timed([&] { stream_read<true><<<4 * sms, 512>>>(src, mb_n / 16, keep); });
+      const double cg = timed([&] { stream_read<false><<<4 * sms, 512>>>(src, mb_n / 16, keep); });
+      std::printf("  stream read %6.1f MB (%d x 512 threads)  ld.cs %8.2f us %5.2f TB/s | ld.cg %8.2f us %5.2f TB/s\n",
+                  mb_n / 1e6, 4 * sms, cs, mb_n / cs * 1e-6, cg, mb_n / cg * 1e-6);
     }
     for (const auto& [n, k] : {std::pair<uint32_t, uint32_t>{4096, 2048}, {6144, 4096}, {7168, 16384}}) {
       const CUtensorMap w = make_tensor_map_2d(CU_TENSOR_MAP_DATA_TYPE_UINT8, src, k, n, k, 128, 128,
                                                CU_TENSOR_MAP_SWIZZLE_128B, "weight");
+      const double mb = static_cast<double>(n) * k;
       for (uint32_t grid : {n / 128, static_cast<uint32_t>(sms)}) {
-        const double us = timed_median_us(flush, fb, reps, [&] {
-          weight_stream<false><<<grid, 32, kStreamSmem>>>(w, nullptr, n, k);
+        const double normal = timed([&] { weight_stream<false><<<grid, 32, kStreamSmem>>>(w, nullptr, n, k, false); });
+        const double first = timed([&] { weight_stream<false><<<grid, 32, kStreamSmem>>>(w, nullptr, n, k, true); });
+        const double tiled = timed([&] {
+          weight_stream<true><<<grid, 32, kStreamSmem>>>(w, reinterpret_cast<const uint8_t*>(src), n, k, false);
         });
-        std::printf("  TMA stream %6.1f MB (%3u CTAs, %d x 16 KB) %8.2f us  %5.2f TB/s\n", static_cast<double>(n) * k / 1e6, grid,
-                    kStreamStages, us, static_cast<double>(n) * k / us * 1e-6);
-        const double us_tiled = timed_median_us(flush, fb, reps, [&] {
-          weight_stream<true><<<grid, 32, kStreamSmem>>>(w, reinterpret_cast<const uint8_t*>(src), n, k);
-        });
-        std::printf("  pre-tiled  %6.1f MB (%3u CTAs, %d x 16 KB) %8.2f us  %5.2f TB/s\n", static_cast<double>(n) * k / 1e6,
-                    grid, kStreamStages, us_tiled, static_cast<double>(n) * k / us_tiled * 1e-6);
+        std::printf("  TMA stream %6.1f MB (%3u CTAs, %d x 16 KB)  2D %8.2f us %5.2f TB/s | 2D evict_first %8.2f us "
+                    "%5.2f TB/s | pre-tiled %8.2f us %5.2f TB/s\n",
+                    mb / 1e6, grid, kStreamStages, normal, mb / normal * 1e-6, first, mb / first * 1e-6, tiled,
+                    mb / tiled * 1e-6);
       }
     }
   }

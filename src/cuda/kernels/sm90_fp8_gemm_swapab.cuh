@@ -114,6 +114,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     // ---------------- producer warpgroup ----------------
     ptx::setmaxnreg_dec<T::kProducerRegs>();
     if (threadIdx.x == T::kMathThreads) {
+      const uint64_t w_policy = ptx::l2_policy_evict_first();  // spare dirty L2 lines (tma.cuh)
       for (uint32_t unit = blockIdx.x; unit < sched.num_units; unit += gridDim.x) {
         uint32_t m_tile, n_tile, split, kb_begin, kb_end;
         sched.decode(unit, m_tile, n_tile, split, kb_begin, kb_end);
@@ -124,7 +125,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           ptx::mbarrier_wait(empty + stage, phase ^ 1);
           ptx::mbarrier_arrive_expect_tx(full + stage, T::kTxBytes);
           const int32_t k0 = static_cast<int32_t>(kb * 128);
-          ptx::tma_load_2d(smem + T::kOffW + stage * T::kSmemW, &tmap_b, full + stage, k0, n0);
+          ptx::tma_load_2d_hint(smem + T::kOffW + stage * T::kSmemW, &tmap_b, full + stage, k0, n0, w_policy);
           ptx::tma_load_2d(smem + T::kOffTok + stage * T::kSmemTok, &tmap_a, full + stage, k0, m0);
           ptx::tma_load_2d(smem + T::kOffSfa + stage * T::kSmemSfa, &tmap_sfa, full + stage, m0,
                            static_cast<int32_t>(kb));

@@ -57,4 +57,15 @@ __device__ __forceinline__ void tma_load_2d_multicast(void* smem_dst, const CUte
       : "memory");
 }
 
+// tma_load_2d_multicast with an L2 cache policy (tma.cuh: l2_policy_evict_first()).
+__device__ __forceinline__ void tma_load_2d_multicast_hint(void* smem_dst, const CUtensorMap* map, uint64_t* bar,
+                                                           int32_t c0, int32_t c1, uint16_t cta_mask,
+                                                           uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+      ".L2::cache_hint [%0], [%1, {%4, %5}], [%2], %3, %6;" ::"r"(smem_addr(smem_dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "h"(cta_mask), "r"(c0), "r"(c1), "l"(policy)
+      : "memory");
+}
+
 }  // namespace fp8proj::sm90::ptx

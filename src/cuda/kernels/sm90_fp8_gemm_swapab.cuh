@@ -114,8 +114,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     // ---------------- producer warpgroup ----------------
     ptx::setmaxnreg_dec<T::kProducerRegs>();
     if (threadIdx.x == T::kMathThreads) {
-      // Evict-first (tma.cuh): a weight tile's readers are consecutive units, in flight together.
-      const uint64_t w_policy = ptx::l2_policy_evict_first();
+      const uint64_t w_policy = ptx::l2_policy_evict_first();  // spare dirty L2 lines (tma.cuh)
       for (uint32_t unit = blockIdx.x; unit < sched.num_units; unit += gridDim.x) {
         uint32_t m_tile, n_tile, split, kb_begin, kb_end;
         sched.decode(unit, m_tile, n_tile, split, kb_begin, kb_end);

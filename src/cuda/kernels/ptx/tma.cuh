@@ -39,22 +39,15 @@ __device__ __forceinline__ void tma_load_2d(void* smem_dst, const CUtensorMap* m
 // benchmarks' L2 flush is a write too). Weight lines loaded at normal priority evict those,
 // and every eviction is a DRAM write-back competing with the weight stream: on an H200 after
 // a 120 MB write, TMA streams 117 MB at 3.06 TB/s, 3.35 TB/s evict-first, 3.80 TB/s from a
-// clean L2 (sm90_fp8_gemm_harness --floor). Only for a weight whose tile is not read again
-// after other tiles have passed through the L2 (the GEMMs' launchers decide).
+// clean L2 (sm90_fp8_gemm_harness --floor). Within a launch a weight tile is re-read only by
+// the CTAs of one raster group, which run at the same time, so its lines are still there.
 __device__ __forceinline__ uint64_t l2_policy_evict_first() {
   uint64_t policy;
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
   return policy;
 }
 
-// The default priority as a policy, for loads that take one either way.
-__device__ __forceinline__ uint64_t l2_policy_evict_normal() {
-  uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(policy));
-  return policy;
-}
-
-// tma_load_2d with an L2 cache policy (l2_policy_evict_first() / _normal()).
+// tma_load_2d with an L2 cache policy (l2_policy_evict_first()).
 __device__ __forceinline__ void tma_load_2d_hint(void* smem_dst, const CUtensorMap* map, uint64_t* bar,
                                                  int32_t c0, int32_t c1, uint64_t policy) {
   asm volatile(

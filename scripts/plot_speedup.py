@@ -9,6 +9,8 @@ draws a PNG (or SVG/PDF: the extension of -o decides).
              included); thin lines: the best configuration of each FP8 backend there; green
              bands: the buckets where policy `all` runs FP8.
   bench CSV  the FP8 path (quantization included), the FP8 GEMM alone, and the gated call.
+  compare CSV (scripts/compare_deepgemm.py) GEMM only: ours and DeepGEMM in the same run, and
+             DeepGEMM's ratio in DESIGN.md's table; no threshold (the GEMM has none).
 
 Marked in every panel: speedup 1 (grey), the 3% margin (dotted), the reference design's fixed
 M > 512 (dashed), and the tuned threshold (red; from the tune CSV, from --table, or, for a bench
@@ -104,6 +106,22 @@ def series_from_bench(rows):
     return out
 
 
+def series_from_compare(rows):
+    shapes = {}
+    for r in rows:
+        label = f'{r["shape"]} {r["n"]}x{r["k"]}'
+        s = shapes.setdefault(label, {"n": int(r["n"]), "k": int(r["k"]), "threshold": None, "main": "ours",
+                                      "lines": {"ours": [], "DeepGEMM (same run)": [], "DeepGEMM (DESIGN.md)": []}})
+        m = int(r["m"])
+        s["lines"]["ours"].append((m, float(r["ours_ratio"])))
+        s["lines"]["DeepGEMM (same run)"].append((m, float(r["deepgemm_ratio"])))
+        s["lines"]["DeepGEMM (DESIGN.md)"].append((m, float(r["design_deepgemm_ratio"])))
+    for s in shapes.values():
+        for name in s["lines"]:
+            s["lines"][name].sort()
+    return shapes
+
+
 def plot(shapes, out, title):
     import matplotlib
 
@@ -130,8 +148,15 @@ def plot(shapes, out, title):
         ax.set_xscale("log", base=2)
         ax.axhline(1.0, color="grey", linewidth=0.8)
         ax.axhline(MARGIN, color="grey", linewidth=0.6, linestyle=":")
-        ax.axvline(REFERENCE, color="black", linewidth=0.8, linestyle="--", label=f"reference M > {REFERENCE}")
         t = s["threshold"]
+        if t is None:  # a GEMM comparison: no gate, no threshold
+            ax.set_title(label, fontsize=8)
+            ax.set_xlabel("M (tokens)", fontsize=8)
+            ax.set_ylabel("cuBLAS bf16 time / FP8 time", fontsize=8)
+            ax.tick_params(labelsize=7)
+            ax.grid(True, which="major", alpha=0.3)
+            continue
+        ax.axvline(REFERENCE, color="black", linewidth=0.8, linestyle="--", label=f"reference M > {REFERENCE}")
         if t == NEVER:
             tl = "threshold: never"
         else:
@@ -159,7 +184,7 @@ def plot(shapes, out, title):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("csv", help="CSV from `fp8proj tune` or `fp8proj bench --csv`")
+    ap.add_argument("csv", help="CSV from `fp8proj tune`, `fp8proj bench --csv` or scripts/compare_deepgemm.py")
     ap.add_argument("--table", help="tuned table (JSON) whose thresholds to mark")
     ap.add_argument("-o", "--out", default="speedup.png", help="output image (.png, .svg, .pdf)")
     ap.add_argument("--title", default="", help="figure title")
@@ -173,15 +198,17 @@ def main():
         shapes, what = series_from_tune(rows), "fp8proj tune"
     elif {"bf16_us", "fp8_us", "gated_us", "path"} <= cols:
         shapes, what = series_from_bench(rows), "fp8proj bench"
+    elif {"ours_ratio", "deepgemm_ratio", "design_deepgemm_ratio"} <= cols:
+        shapes, what = series_from_compare(rows), "scripts/compare_deepgemm.py"
     else:
-        sys.exit(f"{a.csv}: neither a tune nor a bench CSV (columns: {', '.join(sorted(cols))})")
+        sys.exit(f"{a.csv}: neither a tune, a bench nor a DeepGEMM comparison CSV (columns: {', '.join(sorted(cols))})")
     if a.table:
         thr = table_thresholds(a.table)
         for s in shapes.values():
             if (s["n"], s["k"]) in thr:
                 s["threshold"] = thr[(s["n"], s["k"])]
                 s.pop("threshold_inferred", None)
-    plot(shapes, a.out, a.title or f"Speedup of the FP8 path over bf16 ({what}: {a.csv})")
+    plot(shapes, a.out, a.title or f"Speedup over cuBLAS bf16 ({what}: {a.csv})")
 
 
 if __name__ == "__main__":

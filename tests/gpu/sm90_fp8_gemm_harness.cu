@@ -18,13 +18,14 @@
 //
 // --floor instead measures what the timing method itself costs: an empty kernel (also with the
 // GEMMs' 227 KB of dynamic shared memory) and a plain streaming read of 8.4 / 25 / 117 MB (the
-// FP8 weights of 4096x2048, 6144x4096, 7168x16384) under the same flush + events protocol, with
-// 120 MB (as `fp8proj bench`) and 256 MB flushes -- the floor under the memory-bound (M <= 128)
-// GEMM times. Then the same weights streamed by TMA alone, as the GEMMs' producers load them
-// (128 rows x 128 B boxes, 128B swizzle, an 11-stage mbarrier ring, no consumers), from as many
-// CTAs as the swap-AB kernel has weight tiles (N / 128) and from every SM: what the data
-// movement of a small-M GEMM costs without any math; and from a pre-tiled copy of the weight
-// (each 16 KB block contiguous, one bulk copy each).
+// FP8 weights of 4096x2048, 6144x4096, 7168x16384; ld.global.cs, evict-first, and .cg, normal
+// priority) under the same flush + events protocol, with 120 MB and 256 MB write flushes (as
+// `fp8proj bench`: the L2 is left full of dirty lines) and a 120 MB read flush (clean lines)
+// -- the floor under the memory-bound (M <= 128) GEMM times. Then the same weights streamed by
+// TMA alone, as the GEMMs' producers load them (128 rows x 128 B boxes, 128B swizzle, an
+// 11-stage mbarrier ring, no consumers), from as many CTAs as the swap-AB kernel has weight
+// tiles (N / 128) and from every SM: at normal L2 priority, evict-first (the GEMMs' policy),
+// and from a pre-tiled copy of the weight (each 16 KB block contiguous, one bulk copy each).
 // Exit: 0 all passed, 1 a failure, 77 no (sm_90) GPU.
 // Usage: sm90_fp8_gemm_harness [--quick] [--no-timing] [--config NAME] [--mnk M,N,K]
 //                              [--shapes all|design|correctness] [--reps N] [--floor]

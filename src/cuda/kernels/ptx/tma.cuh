@@ -39,8 +39,10 @@ __device__ __forceinline__ void tma_load_2d(void* smem_dst, const CUtensorMap* m
 // benchmarks' L2 flush is a write too). Weight lines loaded at normal priority evict those,
 // and every eviction is a DRAM write-back competing with the weight stream: on an H200 after
 // a 120 MB write, TMA streams 117 MB at 3.06 TB/s, 3.35 TB/s evict-first, 3.80 TB/s from a
-// clean L2 (sm90_fp8_gemm_harness --floor). Within a launch a weight tile is re-read only by
-// the CTAs of one raster group, which run at the same time, so its lines are still there.
+// clean L2 (sm90_fp8_gemm_harness --floor); the GEMMs gain 7-16% at M <= 256. At large M,
+// where a weight tile is read again a raster group later, measured even (1.003x DeepGEMM at
+// M >= 4096 vs 1.009x before) -- while an explicit evict_normal policy there cost 5-17%
+// (bench/results/h200/session8/), so the load takes this policy or none.
 __device__ __forceinline__ uint64_t l2_policy_evict_first() {
   uint64_t policy;
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));

@@ -182,7 +182,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
                               const __grid_constant__ CUtensorMap tmap_b,
                               const __grid_constant__ CUtensorMap tmap_d,
                               const float* __restrict__ b_scales, uint32_t m, uint32_t n, uint32_t k,
-                              uint32_t group_m, uint32_t b_evict_first) {
+                              uint32_t group_m) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int BLOCK_M = T::BLOCK_M;
   constexpr int BLOCK_N = T::BLOCK_N;
@@ -227,9 +227,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     // ---------------- producer warpgroup ----------------
     ptx::setmaxnreg_dec<T::kProducerRegs>();
     if (threadIdx.x == T::kMathThreads) {
-      // Evict-first spares the L2's dirty lines (tma.cuh); the host asks for it when B is not
-      // read again by a later raster group, else B is loaded with no policy.
-      const uint64_t b_policy = ptx::l2_policy_evict_first();
+      const uint64_t b_policy = ptx::l2_policy_evict_first();  // spare dirty L2 lines (tma.cuh)
       for (uint32_t tile = first_unit; tile < sched.num_tiles; tile += unit_stride) {
         uint32_t m_block, n_block;
         tile_of(tile, m_block, n_block);
@@ -251,18 +249,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
                            static_cast<int32_t>(kb));
           if constexpr (T::kCluster > 1 && !T::kClusterOnN) {
             const uint32_t half = rank * T::kBRowsPerCta;  // this CTA's rows of the shared B tile
-            if (b_evict_first)
-              ptx::tma_load_2d_multicast_hint(smem + T::kOffB + stage * T::kSmemB + half * 128, &tmap_b,
-                                              full + stage, k0, n0 + static_cast<int32_t>(half),
-                                              (1u << T::kCluster) - 1, b_policy);
-            else
-              ptx::tma_load_2d_multicast(smem + T::kOffB + stage * T::kSmemB + half * 128, &tmap_b, full + stage,
-                                         k0, n0 + static_cast<int32_t>(half), (1u << T::kCluster) - 1);
+            ptx::tma_load_2d_multicast_hint(smem + T::kOffB + stage * T::kSmemB + half * 128, &tmap_b, full + stage,
+                                            k0, n0 + static_cast<int32_t>(half), (1u << T::kCluster) - 1, b_policy);
           } else {
-            if (b_evict_first)
-              ptx::tma_load_2d_hint(smem + T::kOffB + stage * T::kSmemB, &tmap_b, full + stage, k0, n0, b_policy);
-            else
-              ptx::tma_load_2d(smem + T::kOffB + stage * T::kSmemB, &tmap_b, full + stage, k0, n0);
+            ptx::tma_load_2d_hint(smem + T::kOffB + stage * T::kSmemB, &tmap_b, full + stage, k0, n0, b_policy);
           }
           if (++stage == kStages) {
             stage = 0;

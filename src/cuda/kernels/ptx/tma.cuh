@@ -40,9 +40,9 @@ __device__ __forceinline__ void tma_load_2d(void* smem_dst, const CUtensorMap* m
 // and every eviction is a DRAM write-back competing with the weight stream: on an H200 after
 // a 120 MB write, TMA streams 117 MB at 3.06 TB/s, 3.35 TB/s evict-first, 3.80 TB/s from a
 // clean L2 (sm90_fp8_gemm_harness --floor); the GEMMs gain 7-16% at M <= 256. At large M,
-// where a weight tile is read again a raster group later, measured even (1.003x DeepGEMM at
-// M >= 4096 vs 1.009x before) -- while an explicit evict_normal policy there cost 5-17%
-// (bench/results/h200/session8/), so the load takes this policy or none.
+// where a weight tile is read again a raster group later, it measured even with no policy
+// (1.003x vs 1.006x DeepGEMM at M >= 4096, inside the runs' spread), so every launch uses it;
+// an explicit evict_normal policy there cost 5-17% (bench/results/h200/session8/).
 __device__ __forceinline__ uint64_t l2_policy_evict_first() {
   uint64_t policy;
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));

@@ -256,10 +256,11 @@ double timed_median_us(void* flush, size_t flush_bytes, int reps, const std::fun
   for (int i = 0; i < 3; ++i) launch();
   std::vector<float> ms;
   for (int i = 0; i < reps; ++i) {
-    if (read_flush)
+    if (read_flush) {
       stream_read<false><<<528, 512>>>(static_cast<const uint4*>(flush), flush_bytes / 16,
                                        static_cast<uint4*>(flush));
-    else
+      CUDA_CHECK_LAUNCH();
+    } else
       CUDA_CHECK(cudaMemsetAsync(flush, i & 0xFF, flush_bytes));
     CUDA_CHECK(cudaEventRecord(e0));
     launch();

@@ -561,7 +561,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         ptx::bulk_commit_group();
       }
     }
-    if (tid == 0) ptx::bulk_wait_group<0>();
+    if (tid == 0) ptx::bulk_wait_group_read<0>();  // see tma.cuh
   }
   // No CTA may leave while its peer can still multicast into its shared memory or arrive on
   // its barriers: every thread of both CTAs meets here.

@@ -260,7 +260,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         ptx::bulk_commit_group();
       }
     }
-    if (threadIdx.x == 0) ptx::bulk_wait_group<0>();
+    if (threadIdx.x == 0) ptx::bulk_wait_group_read<0>();  // see tma.cuh
   }
 #elif defined(__CUDA_ARCH__)
   __trap();  // built for a target without wgmma/setmaxnreg: fail loudly, never return garbage

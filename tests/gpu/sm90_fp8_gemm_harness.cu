@@ -33,7 +33,7 @@
 //   design: DESIGN.md's DeepGEMM table, 6 shapes x M in {16,...,32768} (66 problems; ~1-2
 //   min on an H200 with --reps 15).
 // Build (one line):
-//   nvcc -std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a -Iinclude -Isrc
+//   nvcc -std=c++20 -O3 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -Iinclude -Isrc
 //        tests/gpu/sm90_fp8_gemm_harness.cu src/cuda/gemm/sm90_fp8_gemm.cu
 //        src/cuda/common/tensor_map.cu src/gemm/sm90_fp8_heuristic.cpp src/core/error.cpp
 //        -o sm90_fp8_gemm_harness

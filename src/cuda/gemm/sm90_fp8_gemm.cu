@@ -3,7 +3,7 @@
 // target shapes' K, launch_1d2d_for_k), and the launch.
 //
 // Build (sm_90a only; wgmma and setmaxnreg need the "a" target), one line:
-//   nvcc -std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a -Xptxas -v -Iinclude -Isrc
+//   nvcc -std=c++20 -O3 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -Xptxas -v -Iinclude -Isrc
 //        -c src/cuda/gemm/sm90_fp8_gemm.cu
 // `-Xptxas -v` must report 0 bytes stack frame and 0 spills for every kernel.
 #include "cuda/gemm/sm90_fp8_gemm.hpp"

@@ -246,28 +246,34 @@ TEST(Sm90Fp8Heuristic, ScaleRowsAndLayoutConstants) {
   for (const Config& c : kernel_family()) EXPECT_LE(smem_fixed_bytes(c.kind, c.block_m, c.block_n, c.stages), kMaxSmemPerBlock);
 }
 
-// The heuristic against measurements: bench/results/h200/harness_design.log holds the time of
-// every configuration on DESIGN.md's 66 problems (6 shapes x M 16..32768) on an H200. The pick
-// must be one that was measured (a new kernel needs a new harness run), within 5% of the
-// fastest at 60 or more problems, and at least 0.98 of it on the geometric mean (2026-11-30,
-// second session's kernels: 61 and 0.988; third session's, after recalibrating the streaming
-// rates: 60 and 0.988 -- the misses are large-M picks among 128x160/192 and 256x128 within the
-// burst timings' noise; fourth session's, with the _c configurations: 61 and 0.987 when the
-// model ignores the carry, 63 and 0.991 with half of each carried epilogue hidden -- flat for
-// a hidden share of 0.3-0.7 -- and 0.05 us per unit for the peeled K block).
+// The heuristic against measurements: FP8PROJ_H200_TUNE_TIMES holds the time of every sm90
+// configuration that `fp8proj tune` measured on DESIGN.md's six shapes (tenth session, H200:
+// 355 problems, M = 1..32768 at the tuner's bucket points; events, L2 flushed before every call,
+// interleaved with the bf16 baseline -- the regime of DESIGN.md's table). Every pick must have
+// been measured (a new kernel needs a new tune), and its time over the fastest, on the geometric
+// mean, must stay within 1.5% at M > 512 (the refit heuristic: 0.7%; the fourth session's carry
+// model, which carried wherever it could: 3.0%) and 5% over all M (3.4%; below M = 512 the tuned
+// table decides, not the heuristic). The earlier version of this test used burst timings of the
+// harness (15 back-to-back calls per configuration): at large M those run at the 700 W cap for
+// long stretches and favour the carried 256x128 tiles by 6-9% at K = 16384, which the interleaved
+// measurements (and the DeepGEMM comparison) do not reproduce.
 TEST(Sm90Fp8Heuristic, PicksAgainstH200Measurements) {
-  std::ifstream f(FP8PROJ_H200_DESIGN_LOG);
-  ASSERT_TRUE(f.good()) << FP8PROJ_H200_DESIGN_LOG;
+  std::ifstream f(FP8PROJ_H200_TUNE_TIMES);
+  ASSERT_TRUE(f.good()) << FP8PROJ_H200_TUNE_TIMES;
   std::map<std::tuple<int64_t, int64_t, int64_t>, std::map<std::string, double>> us;
-  const std::regex row(R"(^M=(\d+)\s+N=(\d+)\s+K=(\d+)\s+(\S+)\s+\*?\s*err=\S+ det=ok\s+([\d.]+) us)");
+  std::string line;
+  ASSERT_TRUE(std::getline(f, line) && line == "n,k,m,config,median_us") << line;
+  const std::regex row(R"(^(\d+),(\d+),(\d+),([a-z0-9_]+),([\d.]+)$)");
   std::smatch m;
-  for (std::string line; std::getline(f, line);)
-    if (std::regex_search(line, m, row))
-      us[{std::stoll(m[1]), std::stoll(m[2]), std::stoll(m[3])}][m[4]] = std::stod(m[5]);
-  ASSERT_EQ(us.size(), 66u) << "expected DESIGN.md's 66 problems in " << FP8PROJ_H200_DESIGN_LOG;
-  int within = 0;
-  double log_sum = 0;
-  std::string misses;
+  while (std::getline(f, line)) {
+    ASSERT_TRUE(std::regex_match(line, m, row)) << "bad row: " << line;
+    us[{std::stoll(m[3]), std::stoll(m[1]), std::stoll(m[2])}][m[4]] = std::stod(m[5]);
+  }
+  ASSERT_GE(us.size(), 300u) << FP8PROJ_H200_TUNE_TIMES;
+  double log_all = 0, log_big = 0;
+  int n_big = 0;
+  std::string worst;
+  double worst_regret = 0;
   for (const auto& [mnk, configs] : us) {
     const auto [mm, n, k] = mnk;
     double best = 1e30;
@@ -275,22 +281,19 @@ TEST(Sm90Fp8Heuristic, PicksAgainstH200Measurements) {
     const std::string pick = choose({mm, n, k, 132}).name();
     const auto it = configs.find(pick);
     ASSERT_TRUE(it != configs.end()) << "M=" << mm << " N=" << n << " K=" << k << ": the pick " << pick
-                                 << " was not measured; run the harness (--shapes design) again";
-    const double eff = best / it->second;
-    within += eff >= 0.95;
-    log_sum += std::log(eff);
-    if (eff < 0.95) {
-      std::string best_name;
-      for (const auto& [name, t] : configs)
-        if (t == best) best_name = name;
-      misses += "\n  M=" + std::to_string(mm) + " N=" + std::to_string(n) + " K=" + std::to_string(k) + ": pick " +
-                pick + " at " + std::to_string(eff) + " of " + best_name;
-    }
+                                     << " was not measured; run `fp8proj tune` again";
+    const double regret = it->second / best;
+    log_all += std::log(regret);
+    if (mm > 512) log_big += std::log(regret), ++n_big;
+    if (mm > 512 && regret > worst_regret)
+      worst_regret = regret, worst = "M=" + std::to_string(mm) + " N=" + std::to_string(n) + " K=" + std::to_string(k) +
+                                    ": " + pick;
   }
-  std::printf("heuristic vs %s: within 5%% of the best at %d of %zu problems, %.4f of it on the geometric mean\n",
-              FP8PROJ_H200_DESIGN_LOG, within, us.size(), std::exp(log_sum / static_cast<double>(us.size())));
-  EXPECT_GE(within, 60) << "picks below 0.95 of the best:" << misses;
-  EXPECT_GE(std::exp(log_sum / static_cast<double>(us.size())), 0.98) << misses;
+  const double all = std::exp(log_all / static_cast<double>(us.size())), big = std::exp(log_big / n_big);
+  std::printf("heuristic vs %s: %zu problems, time over the fastest %.4f (M > 512: %.4f over %d; worst %.3f at %s)\n",
+              FP8PROJ_H200_TUNE_TIMES, us.size(), all, big, n_big, worst_regret, worst.c_str());
+  EXPECT_LE(big, 1.015);
+  EXPECT_LE(all, 1.05);
 }
 
 }  // namespace

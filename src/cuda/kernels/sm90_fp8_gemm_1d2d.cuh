@@ -292,23 +292,20 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       const uint32_t kb = i < num_kb ? i : i - num_kb;
       return __ldg(b_scales + static_cast<size_t>(row) * num_kb + kb);
     };
-    // The tile this warpgroup works on next, decoded one tile ahead: with its B scales it is
-    // fetched while the current tile's first MMAs run, not at the tile boundary (where the two
-    // scheduler divisions and the loads' issue kept the tensor cores idle ~0.2 us per tile;
-    // globaltimer trace of 128x192 and 256x128 at K = 1536/2048, tenth session).
-    uint32_t m_block = 0, n_block = 0, next_m = 0, next_n = 0;
+    auto n0_of = [&](uint32_t unit) {
+      uint32_t mb, nb;
+      tile_of(unit, mb, nb);
+      return nb * BLOCK_N;
+    };
     float sfb_next[T::kSfbPrefetch];
-    auto prefetch = [&](uint32_t unit) {
-      if (unit >= sched.num_tiles) return;
-      tile_of(unit, next_m, next_n);
-      const uint32_t n0 = next_n * BLOCK_N;
+    if (first_unit < sched.num_tiles) {
+      const uint32_t n0 = n0_of(first_unit);
 #pragma unroll
       for (int j = 0; j < T::kSfbPrefetch; ++j) {
         const uint32_t i = tid + j * 128;
         sfb_next[j] = i < sfb_count ? sfb_entry(n0, i) : 0.0f;
       }
-    };
-    prefetch(first_unit);
+    }
 
     // Descriptor low words (start address / 16) of stage st's A and B tiles; A starts at
     // this warpgroup's first row.
@@ -364,8 +361,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     if constexpr (T::kCarry) issue_carried();  // every CTA has at least one tile
 
     for (uint32_t tile = first_unit; tile < sched.num_tiles; tile += unit_stride) {
-      m_block = next_m;
-      n_block = next_n;
+      uint32_t m_block, n_block;
+      tile_of(tile, m_block, n_block);
       const uint32_t n0 = n_block * BLOCK_N;
 
       // This warpgroup's previous main loop has finished reading its sfb (epilogue barriers).
@@ -376,6 +373,15 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       }
       for (uint32_t i = tid + T::kSfbPrefetch * 128; i < sfb_count; i += 128) sfb[i] = sfb_entry(n0, i);
       ptx::named_barrier_sync(wg_barrier, 128);
+      // Fetch the next tile's B scales now; they are first needed after this main loop.
+      if (tile + unit_stride < sched.num_tiles) {
+        const uint32_t next_n0 = n0_of(tile + unit_stride);
+#pragma unroll
+        for (int j = 0; j < T::kSfbPrefetch; ++j) {
+          const uint32_t i = tid + j * 128;
+          if (i < sfb_count) sfb_next[j] = sfb_entry(next_n0, i);
+        }
+      }
 
       float acc[T::kWaves][kAcc];
       if constexpr (!T::kCarry) {
@@ -388,7 +394,6 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         const int boundary = T::kStraddle ? 128 - static_cast<int>(n0 % 128) : 128;
         const float sb0 = sfb[0];
         const float sb1 = T::kStraddle ? sfb[num_kb] : sb0;
-        prefetch(tile + unit_stride);  // under the carried MMAs
         ptx::wgmma_wait_group<0>();
         ptx::fence_operands(part);
         if (T::kWaves == 1) release(stage);
@@ -430,7 +435,6 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           uint32_t cur = stage;
           issue(part0, desc_a_of(stage), desc_b_of(stage), 0);
           advance();
-          prefetch(tile + unit_stride);  // under K block 0's MMAs
           // Loads the next K block's A scales and issues its MMAs into `part`; returns its stage.
           auto issue_next = [&](float(&part)[kAcc], float& nsa0, float& nsa1) {
             const float* nsfa = reinterpret_cast<const float*>(smem + T::kOffSfa + stage * T::kSmemSfa);
@@ -498,7 +502,6 @@ __global__ void __launch_bounds__(T::kThreads, 1)
               const float sa1 = sfa[row0 + row_in_wg + 8];
 
               issue(part, desc_a, desc_b, w * T::kWaveM);
-              if (!T::kCarry && w == 0 && kb == 0) prefetch(tile + unit_stride);  // under these MMAs
               ptx::wgmma_wait_group<0>();
               ptx::fence_operands(part);
               if (w == T::kWaves - 1) release(stage);

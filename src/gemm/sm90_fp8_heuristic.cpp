@@ -56,7 +56,7 @@ double tensor_efficiency(const Config& c) {
     // 4096x4096x2048 (globaltimer trace, tenth session) 128x192 does 6% more MACs per us than
     // 256x128 (8.93 us per 24576 outputs vs 12.58 per 32768); the refit cuts the heuristic's
     // regret against the best measured configuration at M > 512 from 2.5% to 0.3% (geometric
-    // mean over 488 problems).
+    // mean over 492 problems).
     double e = 0.72;
     if (c.block_n <= 96) e = 0.64;
     else if (c.block_n <= 112) e = 0.68;

@@ -3,6 +3,7 @@
 
   compare_deepgemm.py --lib build/src/libfp8proj_c.so [--out DIR] [--reps 45] [--m 16,64,...]
   compare_deepgemm.py --prewarm I/N     # only JIT-compile DeepGEMM's kernels for shard I of N
+  compare_deepgemm.py --lib A.so --lib-b B.so ...  # also a second build of ours (an A/B)
 
 DESIGN.md's bar for issue 4 is DeepGEMM's ratio to cuBLAS bf16 from another run. This puts
 all three in one run: for each shape of DESIGN.md's table and each M, one random bf16
@@ -14,6 +15,9 @@ events around each call, L2 flushed (a write of twice its size) before every tim
 three interleaved call by call after a GPU-side delay that lets the host enqueue a whole
 round ahead (so no host overhead is timed), median of --reps rounds. Both FP8 outputs are
 checked against the fp32 product of the dequantized operands (relative Frobenius error).
+With --lib-b, a second build of our library runs as a fourth call in every round (same
+operands, same tuned table): an A/B of two builds in this very regime, immune to the drift
+between separate runs (columns b_us, b_over_ours, b_over_deepgemm; its own summary lines).
 
 Writes compare_deepgemm.{csv,json,md} under --out; prints the table last.
 """
@@ -101,8 +105,10 @@ def rel_err(y, ref):
     return (torch.linalg.vector_norm((y.float() - ref).double()) / torch.linalg.vector_norm(ref.double())).item()
 
 
-def time_interleaved(fns, reps, warmup, flush):
-    """Median device time (us) per fn, interleaved call by call, L2 flushed before each."""
+def time_interleaved(fns, reps, warmup, flush, alternate_last_two=False):
+    """Median device time (us) per fn, interleaved call by call, L2 flushed before each.
+    alternate_last_two: every other round runs the last two fns in swapped order (an A/B
+    whose two builds then share any bias of the position in the round)."""
     for _ in range(warmup):
         for f in fns:
             f()
@@ -111,10 +117,14 @@ def time_interleaved(fns, reps, warmup, flush):
           for _ in range(reps)]
     for r in range(reps):
         torch.cuda._sleep(1_000_000)  # ~0.5 ms on the GPU: the host enqueues the round meanwhile
-        for f, (e0, e1) in zip(fns, ev[r]):
+        order = list(range(len(fns)))
+        if alternate_last_two and r % 2 == 1:
+            order[-2:] = order[-1:-3:-1]
+        for i in order:
+            e0, e1 = ev[r][i]
             flush.fill_(0x5A)
             e0.record()
-            f()
+            fns[i]()
             e1.record()
     torch.cuda.synchronize()
     return [statistics.median(ev[r][i][0].elapsed_time(ev[r][i][1]) * 1000 for r in range(reps))
@@ -124,6 +134,7 @@ def time_interleaved(fns, reps, warmup, flush):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lib", help="libfp8proj_c.so")
+    ap.add_argument("--lib-b", help="a second libfp8proj_c.so, timed interleaved with the first (A/B)")
     ap.add_argument("--out", default=".")
     ap.add_argument("--reps", type=int, default=45)
     ap.add_argument("--warmup", type=int, default=5)
@@ -155,6 +166,13 @@ def main():
         return
 
     ours = Fp8Proj(a.lib)
+    ours_b = None
+    if a.lib_b:
+        # A copy under another name: the dynamic loader would otherwise hand back the first.
+        b_path = os.path.join(a.out, "libfp8proj_c_b.so")
+        os.makedirs(a.out, exist_ok=True)
+        subprocess.run(["cp", a.lib_b, b_path], check=True)
+        ours_b = Fp8Proj(b_path)
     props = torch.cuda.get_device_properties(0)
     flush = torch.empty(2 * max(props.L2_cache_size, 50 << 20), dtype=torch.uint8, device=dev)
     gen = torch.Generator(device=dev)
@@ -168,9 +186,11 @@ def main():
         wq, ws = quantize_blocks(w, 128)
         w_deq = dequantize(wq, 128, ws)
         h = ours.plan(wq, ws, max_m)
+        h_b = ours_b.plan(wq, ws, max_m) if ours_b else None
         y_bf16 = torch.empty(max_m, n, device=dev, dtype=torch.bfloat16)
         y_dg = torch.empty_like(y_bf16)
         y_ours = torch.empty_like(y_bf16)
+        y_b = torch.empty_like(y_bf16) if ours_b else None
         for m in ms:
             x = x_all[:m]
             xq, xs_buf, xs_view, ld = quantize_activation(x)
@@ -183,11 +203,18 @@ def main():
             yo.fill_(float("nan"))
             fns[1]()
             fns[2]()
+            if ours_b:
+                ybm = y_b[:m]
+                fns.append(lambda: ours_b.run(h_b, xq, xs_buf, ld, m, ybm))
+                ybm.fill_(float("nan"))
+                fns[3]()
             ref = dequantize(xq, 1, xs_view) @ w_deq.t()
             err_dg, err_ours = rel_err(yd, ref), rel_err(yo, ref)
             finite_dg, finite_ours = bool(torch.isfinite(yd).all()), bool(torch.isfinite(yo).all())
+            b_same = bool(torch.equal(ybm, yo)) if ours_b else None  # bitwise, or says so
             del ref
-            t_bf16, t_dg, t_ours = time_interleaved(fns, a.reps, a.warmup, flush)
+            times = time_interleaved(fns, a.reps, a.warmup, flush, alternate_last_two=ours_b is not None)
+            t_bf16, t_dg, t_ours = times[:3]
             flop = 2.0 * m * n * k
             r = dict(shape=NAMES[(n, k)], n=n, k=k, m=m, bf16_us=t_bf16, deepgemm_us=t_dg, ours_us=t_ours,
                      deepgemm_ratio=t_bf16 / t_dg, ours_ratio=t_bf16 / t_ours, ours_over_deepgemm=t_dg / t_ours,
@@ -195,13 +222,20 @@ def main():
                      deepgemm_tflops=flop / t_dg / 1e6, ours_tflops=flop / t_ours / 1e6,
                      bf16_tflops=flop / t_bf16 / 1e6, deepgemm_err=err_dg, ours_err=err_ours,
                      deepgemm_finite=finite_dg, ours_finite=finite_ours, ours_config=ours.describe(h, m))
+            if ours_b:
+                r.update(b_us=times[3], b_over_ours=t_ours / times[3], b_over_deepgemm=t_dg / times[3],
+                         b_ratio=t_bf16 / times[3], b_bitwise_equal=b_same, b_config=ours_b.describe(h_b, m))
             rows.append(r)
             print(f"{r['shape']:>14} M={m:>6}: bf16 {t_bf16:9.1f} us  DeepGEMM {t_dg:9.1f} us ({r['deepgemm_ratio']:.2f}x)"
                   f"  ours {t_ours:9.1f} us ({r['ours_ratio']:.2f}x)  ours/DeepGEMM {r['ours_over_deepgemm']:.3f}"
-                  f"  err {err_dg:.1e}/{err_ours:.1e}  [{r['ours_config']}]", flush=True)
+                  f"  err {err_dg:.1e}/{err_ours:.1e}  [{r['ours_config']}]"
+                  + (f"  B {r['b_us']:9.1f} us B/ours {r['b_over_ours']:.3f} bitwise {b_same}" if ours_b else ""),
+                  flush=True)
         ours.lib.fp8proj_fp8_gemm_destroy(h)
+        if ours_b:
+            ours_b.lib.fp8proj_fp8_gemm_destroy(h_b)
 
-    write_results(a, rows, time.time() - t_start, props, ours.version)
+    write_results(a, rows, time.time() - t_start, props, ours.version + (f" | B {ours_b.version}" if ours_b else ""))
 
 
 def write_results(a, rows, seconds, props, fp8proj_version):
@@ -238,6 +272,14 @@ def write_results(a, rows, seconds, props, fp8proj_version):
                                                            for r in design]),
         max_err_deepgemm=max(r["deepgemm_err"] for r in rows), max_err_ours=max(r["ours_err"] for r in rows),
         all_finite=all(r["deepgemm_finite"] and r["ours_finite"] for r in rows))
+    if "b_us" in rows[0]:
+        summary.update(
+            geomean_b_over_ours=gmean([r["b_over_ours"] for r in rows]),
+            b_ge_deepgemm_same_run=sum(r["b_over_deepgemm"] >= 1 for r in rows),
+            geomean_b_over_deepgemm_same_run=gmean([r["b_over_deepgemm"] for r in rows]),
+            b_ge_design_table=sum(r["b_ratio"] >= r["design_deepgemm_ratio"] - 1e-9 for r in design),
+            geomean_b_over_design_table=gmean([r["b_ratio"] / r["design_deepgemm_ratio"] for r in design]),
+            b_bitwise_equal_all=all(r["b_bitwise_equal"] for r in rows))
     with open(os.path.join(a.out, "compare_deepgemm.json"), "w") as f:
         json.dump(dict(stamp=stamp, summary=summary, rows=rows), f, indent=1)
 
@@ -264,6 +306,12 @@ def write_results(a, rows, seconds, props, fp8proj_version):
            f"{s['geomean_deepgemm_same_run_over_design_table']:.3f}.",
            f"Largest relative Frobenius error against the fp32 product of the dequantized operands: DeepGEMM "
            f"{s['max_err_deepgemm']:.2e}, ours {s['max_err_ours']:.2e}; every element finite: {s['all_finite']}."]
+    if "geomean_b_over_ours" in s:
+        md += ["", f"Build B (--lib-b, interleaved): time A / time B geometric mean {s['geomean_b_over_ours']:.4f}; "
+               f"B ≥ DeepGEMM at {s['b_ge_deepgemm_same_run']} of {s['points']}, geometric mean "
+               f"{s['geomean_b_over_deepgemm_same_run']:.3f}; against DESIGN.md ≥ at {s['b_ge_design_table']} of "
+               f"{len(design)}, geometric mean {s['geomean_b_over_design_table']:.3f}; output bitwise equal to A at "
+               f"every point: {s['b_bitwise_equal_all']}."]
     with open(os.path.join(a.out, "compare_deepgemm.md"), "w") as f:
         f.write("\n".join(md) + "\n")
     print("\n".join(md))

@@ -6,6 +6,7 @@
 # never timed. Results and logs go to $OUT (default h200-out).
 #
 #   FP8PROJ_C_LIB=path/libfp8proj_c.so  (default: .device/lib, else build/src)
+#   FP8PROJ_C_LIB_B=path/libfp8proj_c.so (optional: a second build, interleaved with the first: A/B)
 #   RUNS=2                              (independent measurement runs, to show the spread)
 #   COMPARE_ARGS="--reps 45"            (passed on to compare_deepgemm.py)
 #   NCU_PROBLEM=N,K,M                   (also: Nsight Compute of both kernels at that problem,
@@ -71,7 +72,8 @@ rm -rf "$OUT/prewarm"
 for run in $(seq 1 "${RUNS:-1}"); do
   dir=$OUT/run$run
   mkdir -p "$dir"
-  python3 scripts/compare_deepgemm.py --lib "$lib" --out "$dir" ${COMPARE_ARGS:-} 2>&1 | tee "$dir/compare.log"
+  python3 scripts/compare_deepgemm.py --lib "$lib" ${FP8PROJ_C_LIB_B:+--lib-b "$FP8PROJ_C_LIB_B"} --out "$dir" \
+    ${COMPARE_ARGS:-} 2>&1 | tee "$dir/compare.log"
 done
 if [[ -n ${NCU_PROBLEM:-} ]] && command -v ncu >/dev/null; then
   IFS=, read -r n k m <<<"$NCU_PROBLEM"

@@ -27,7 +27,7 @@
 // tiles (N / 128) and from every SM: at normal L2 priority, evict-first (the GEMMs' policy),
 // and from a pre-tiled copy of the weight (each 16 KB block contiguous, one bulk copy each).
 // Exit: 0 all passed, 1 a failure, 77 no (sm_90) GPU.
-// Usage: sm90_fp8_gemm_harness [--quick] [--no-timing] [--config NAME] [--mnk M,N,K]
+// Usage: sm90_fp8_gemm_harness [--quick] [--no-timing] [--config NAME[,NAME...]] [--mnk M,N,K]
 //                              [--shapes all|design|correctness] [--reps N] [--floor]
 //   default (all): the 16 target N x K shapes at M in {1,16,64,128,256,512,1024,4096,8192,32768}.
 //   design: DESIGN.md's DeepGEMM table, 6 shapes x M in {16,...,32768} (66 problems; ~1-2
@@ -412,7 +412,11 @@ void run_problem(int64_t M, int64_t N, int64_t K, int idx, const Options& opt, c
   std::vector<Config> configs;
   Config chosen;
   if (!opt.config.empty()) {
-    configs.push_back(forced(opt.config, p));
+    // --config NAME[,NAME...]: these configurations only, the first one marked as chosen.
+    for (size_t b = 0, e; b <= opt.config.size(); b = e + 1) {
+      e = std::min(opt.config.find(',', b), opt.config.size());
+      configs.push_back(forced(opt.config.substr(b, e - b), p));
+    }
     chosen = configs[0];
   } else {
     configs = candidates(p);
@@ -549,7 +553,7 @@ int main(int argc, char** argv) {
       opt.problems.push_back({m, n, k});
     } else {
       std::fprintf(stderr,
-                   "usage: %s [--quick] [--no-timing] [--config NAME] [--mnk M,N,K]... [--shapes all|design|correctness] "
+                   "usage: %s [--quick] [--no-timing] [--config NAME[,NAME...]] [--mnk M,N,K]... [--shapes all|design|correctness] "
                    "[--reps N] [--floor]\n",
                    argv[0]);
       return 2;

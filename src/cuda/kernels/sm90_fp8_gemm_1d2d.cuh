@@ -45,11 +45,12 @@
 //     x kDSwizzle bytes of columns. The first warpgroup done starts the next tile's MMAs
 //     while the other finishes, so the tensor cores do not idle through the epilogue. TMA
 //     clips rows >= M and columns >= N, and its loads zero-fill them (A rows, A scales, B
-//     rows), so tails need no code. Storing from registers instead (4-byte st.global, no staging
-//     tile, its 48 KB as a 5th stage) measured 0.86x: each store instruction touches 8 rows,
-//     many more L1 wavefronts than stmatrix + one TMA store (bench/results/h200/session12/). kCarry ("_c" configurations) goes further: each
-//     warpgroup issues K block 0 of its next tile before storing this one, and promotes it
-//     (scale-block boundary chosen at run time) after the epilogue.
+//     rows), so tails need no code. Storing from registers instead (4-byte st.global, no
+//     staging tile, its 48 KB as a 5th stage) measured 0.86x: each store instruction touches
+//     8 rows, many more L1 wavefronts than stmatrix + one TMA store (session12/ under
+//     bench/results/h200/). kCarry ("_c" configurations) goes further: each warpgroup issues
+//     K block 0 of its next tile before storing this one, and promotes it (scale-block
+//     boundary chosen at run time) after the epilogue.
 //   Pipeline: kStages full/empty mbarrier pairs; see ptx/mbarrier.cuh for the protocol. An L2
 //     prefetch (cp.async.bulk.prefetch.tensor) of the K block a pipeline depth ahead was
 //     measured at 0.77x: the extra L2 requests cost more than the latency they hide

@@ -129,6 +129,9 @@ const std::vector<Config> kFamily = {
     {KernelKind::kSwapAB, 32, 128, 2, 10, 1},
     {KernelKind::kSwapAB, 64, 128, 2, 8, 1},
     {KernelKind::kSwapAB, 128, 128, 2, 5, 1},
+    // ... and 64 weight rows, the two warpgroups on alternate K blocks: twice the CTAs on the
+    // same weight (N = 4096: 64 instead of 32), no split-K hand-over.
+    {KernelKind::kSwapAB, 16, 64, 2, 15, 1},
 };
 
 bool parse_int(std::string_view& s, std::string_view prefix, int& out) {
@@ -158,7 +161,7 @@ Model model(const Config& c, const Problem& p) {
   const int64_t active_sms = std::min<int64_t>(g.units, p.num_sms);
 
   // Per unit: tensor time vs. operand load time (whichever bounds the main loop).
-  const double rows = c.kind == KernelKind::kGemm1d2d ? c.block_m : 128.0;  // WGMMA M side
+  const double rows = c.kind == KernelKind::kGemm1d2d ? c.block_m : c.block_n;  // WGMMA M side
   const double cols = c.kind == KernelKind::kGemm1d2d ? c.block_n : c.block_m;
   const double flop_per_kb = 2.0 * rows * cols * kBlockK;
   const double t_tensor = kb_per_unit * flop_per_kb /
@@ -311,6 +314,8 @@ std::string why_illegal(const Config& cfg, const Problem& p) {
   if (p.m < 1) return "M = 0: nothing to compute";
   if (cfg.kind == KernelKind::kGemm1d2d && cfg.split_k != 1) return "split-K only exists for swapab kernels";
   if (cfg.kind == KernelKind::kSwapAB && cfg.cluster != 1) return "clusters only exist for the 1d2d kernels";
+  if (cfg.kind == KernelKind::kSwapAB && cfg.block_n != 128 && cfg.split_k != 1)
+    return "split-K exists only for the 128-row swap-AB tiles";
   if (cfg.cluster > 1 && p.num_sms < cfg.cluster)
     return "a cluster of " + std::to_string(cfg.cluster) + " CTAs needs at least as many SMs";
   if (cfg.split_k > 1 && ceil_div(p.m, cfg.block_m) > kMaxSplitTokenTiles)
@@ -352,8 +357,9 @@ std::vector<Config> candidates(const Problem& p) {
   if (p.m == 0) return out;
   for (const Config& base : kFamily) {
     if (base.kind == KernelKind::kSwapAB) {
-      // Swap-AB re-reads the weight once per token tile: worth trying up to 2 tiles.
-      if (ceil_div(p.m, base.block_m) > 2) continue;
+      // Swap-AB re-reads the weight once per token tile: worth trying up to 2 tiles (the
+      // 64-row tile, made for M <= 16, only with one; not measured with two).
+      if (ceil_div(p.m, base.block_m) > (base.block_n == 64 ? 1 : 2)) continue;
       Config c = base;
       c.split_k = best_split_k(base, p);
       if (why_illegal(c, p).empty()) out.push_back(c);

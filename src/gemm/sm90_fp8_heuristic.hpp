@@ -7,10 +7,12 @@
 //   kGemm1d2d  (sm90_fp8_gemm_1d2d.cuh): tiles of block_m rows of A x block_n columns of D;
 //              A is the WGMMA M operand (64 rows per warpgroup and wave), B the N operand.
 //              Large and medium M.
-//   kSwapAB    (sm90_fp8_gemm_swapab.cuh): D^T = B . A^T; 128 weight rows per tile are the
-//              WGMMA M operand (two warpgroups x 64), block_m tokens the N operand (16..128),
-//              optional split-K with a deterministic in-kernel reduction. Small M, where the
-//              job is to stream the FP8 weight once at HBM speed.
+//   kSwapAB    (sm90_fp8_gemm_swapab.cuh): D^T = B . A^T; block_n = 128 weight rows per tile
+//              are the WGMMA M operand (two warpgroups x 64), block_m tokens the N operand
+//              (16..128), optional split-K with a deterministic in-kernel reduction; or
+//              block_n = 64 rows, the two warpgroups on alternate K blocks (twice the CTAs on
+//              one weight, no split-K). Small M, where the job is to stream the FP8 weight once
+//              at HBM speed.
 //
 // Config names (stable; printed by tools, accepted back by Config::parse):
 //   "m128n128_ws2_st5"            kGemm1d2d, block 128x128, 2 consumer warpgroups, 5 stages
@@ -25,6 +27,8 @@
 //                                 the tensor cores do not idle there; pays at many tiles per
 //                                 CTA (large M), costs a little at one or two
 //   "swapab_m16n128_ws2_st11_sk4" kSwapAB,   16 tokens x 128 weight rows, 11 stages, split-K 4
+//   "swapab_m16n64_ws2_st15"      kSwapAB,   16 tokens x 64 weight rows, K split between the
+//                                 two warpgroups
 // "_mcC"/"_mcnC" appear only when C > 1 (kGemm1d2d), "_c" only for two-warpgroup kGemm1d2d,
 // "_skS" only when S > 1 (kSwapAB).
 #pragma once
@@ -86,10 +90,13 @@ constexpr int64_t d_tile_bytes(int block_m, int block_n) {
   return align_up(int64_t{block_m} * block_n * 2, 1024);
 }
 
-// Shared memory that does not depend on K: D tile | stages | barriers.
+// Shared memory that does not depend on K: output area | stages | barriers. The output area is
+// the bf16 D tile, except for swap-AB with 64-row weight tiles, which stores from registers; its
+// two warpgroups split K, and warpgroup 1 hands its fp32 sums (tokens x 64) to warpgroup 0 there.
 constexpr int64_t smem_fixed_bytes(KernelKind kind, int block_m, int block_n, int stages) {
-  return d_tile_bytes(block_m, block_n) + stages * stage_bytes(kind, block_m, block_n) +
-         kBarrierBytes;
+  const int64_t out = kind == KernelKind::kSwapAB && block_n == 64 ? int64_t{block_m} * 64 * 4
+                                                                    : d_tile_bytes(block_m, block_n);
+  return out + stages * stage_bytes(kind, block_m, block_n) + kBarrierBytes;
 }
 
 // ---- the family and the heuristic ----

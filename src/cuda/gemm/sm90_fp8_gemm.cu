@@ -188,7 +188,7 @@ void launch_swapab(const Fp8GemmArgs& x, const Config& cfg, void* workspace, int
 
   const Problem p{x.m, x.n, x.k, num_sms};
   const TileGrid g = tile_grid(cfg, p);
-  // Swapped roles: the token tile is the A box (BLOCK_TOK rows), the weight tile 128 rows.
+  // Swapped roles: the token tile is the A box (BLOCK_TOK rows), the weight tile BLOCK_W rows.
   const Maps maps = make_maps(x, T::BLOCK_TOK, T::BLOCK_TOK, T::BLOCK_W, 64, T::BLOCK_TOK, 128);
   uint32_t* counters = nullptr;
   float* partials = nullptr;
@@ -199,7 +199,8 @@ void launch_swapab(const Fp8GemmArgs& x, const Config& cfg, void* workspace, int
   const auto smem = static_cast<size_t>(smem_bytes(cfg, x.k));
   kernel<<<static_cast<unsigned>(g.grid), T::kThreads, smem, stream>>>(
       maps.a, maps.sfa, maps.b, maps.d, x.b_scales, static_cast<uint32_t>(x.m), static_cast<uint32_t>(x.n),
-      static_cast<uint32_t>(x.k), static_cast<uint32_t>(cfg.split_k), counters, partials);
+      static_cast<uint32_t>(x.k), static_cast<uint32_t>(cfg.split_k), counters, partials,
+      reinterpret_cast<uint16_t*>(x.d));
   CUDA_CHECK_LAUNCH();
 }
 
@@ -232,8 +233,10 @@ using Family = std::tuple<
     // carrying K block 0 of the next tile across the epilogue
     Gemm1d2dTraits<128, 128, 2, 5, 1, false, true>, Gemm1d2dTraits<128, 160, 2, 5, 1, false, true>,
     Gemm1d2dTraits<128, 192, 2, 4, 1, false, true>, Gemm1d2dTraits<256, 128, 2, 3, 1, false, true>,
-    // swap-AB: tokens x 128 weight rows
-    SwapABTraits<16, 11>, SwapABTraits<32, 10>, SwapABTraits<64, 8>, SwapABTraits<128, 5>>;
+    // swap-AB: tokens x 128 weight rows (2 x 64)
+    SwapABTraits<16, 11>, SwapABTraits<32, 10>, SwapABTraits<64, 8>, SwapABTraits<128, 5>,
+    // swap-AB: tokens x 64 weight rows, K split between the two warpgroups
+    SwapABTraits<16, 15, 64>>;
 
 template <class T>
 constexpr bool kIsSwapAB = requires { T::BLOCK_TOK; };

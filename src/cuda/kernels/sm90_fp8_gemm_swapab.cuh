@@ -11,10 +11,10 @@
 //     SMs): unit = (weight tile, K range, token tile); see SplitKUnitScheduler;
 //   - or (BLOCK_W = 64, 16 tokens) tiles of 64 weight rows, both warpgroups on the same rows
 //     and alternate K blocks: twice the CTAs without split-K's hand-over through global
-//     memory. A CTA cannot stream faster than its WGMMAs consume: at N = 16 an m64n16k32
-//     costs ~50 cycles however little it computes, 0.2 us per 128-row K block (8 of them), so
-//     32 CTAs took 3.3 us for what HBM delivered in 2.1 (session 13 trace); with 64 CTAs the
-//     consumers keep up with the data (-0.35 us, 4096 x 2048 at M = 16).
+//     memory. A CTA cannot stream faster than its WGMMAs consume: at N = 16 a 128-row K block
+//     (8 x m64n16k32) takes its consumers ~0.2 us whether the MMAs chain or not (~50 cycles
+//     each, however little they compute), so 32 CTAs took 3.1 us for what HBM delivered in 2.3
+//     (session 13 trace); with 64 CTAs the consumers keep up (-0.35 us, 4096 x 2048, M = 16).
 //
 // Layouts as in sm90_fp8_gemm_1d2d.cuh:
 //   A [M,K] e4m3 (K,1); sa [K/128][lda_s] fp32 (1,lda_s); B [N,K] e4m3 (K,1);
@@ -72,7 +72,6 @@ struct SwapABTraits {
   // 13 trace: stages landed up to 0.9 us before the consumers got to them).
   static constexpr bool kAltK = BLOCK_W == 64;
   static constexpr uint32_t kEmptyArrivals = kAltK ? 4 : 8;  // consumer warps that read a stage
-  static constexpr int kEpiThreads = kAltK ? 128 : 256;      // threads that store the tile
 
   // Shared memory: D staging (kAltK: warpgroup 1's sums instead) | W stages | token stages |
   // A-scale stages | barriers + flag | B scales.

@@ -102,7 +102,7 @@ constexpr int64_t smem_fixed_bytes(KernelKind kind, int block_m, int block_n, in
 // ---- the family and the heuristic ----
 
 // Every kernel instantiated in sm90_fp8_gemm.cu (split_k = 1). Few on purpose: each costs
-// build time (these 28, and 9 copies of three of them compiled for one K: ~30 s of nvcc for
+// build time (these 29, and 9 copies of three of them compiled for one K: ~30 s of nvcc for
 // sm90_fp8_gemm.cu on 2 cores) and binary size.
 const std::vector<Config>& kernel_family();
 

@@ -98,7 +98,6 @@ struct SwapABTraits {
   static_assert(2 * kStages * 8 + 4 <= 256, "barrier region holds 2 x kStages mbarriers and a flag");
   static_assert(kAcc % 4 == 0, "partials are stored as float4");
   static_assert(BLOCK_W == 128 || BLOCK_W == 64, "weight tile: 2 x 64 rows, or 64 rows with K split between the WGs");
-  static_assert(kOffW % 1024 == 0, "128B-swizzled stages start on 1024-byte boundaries");
 };
 
 template <class T>
@@ -125,7 +124,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   const uint32_t warp = __shfl_sync(0xffffffffu, threadIdx.x / 32, 0);
   const uint32_t lane = threadIdx.x % 32;
   const uint32_t num_kb = k / 128;
-  if (T::kAltK && split_k > 1) __trap();  // a launcher bug (64-row tiles have no split-K): never a wrong result
+  if (T::kAltK && split_k > 1) __trap();  // launcher bug (no split-K for 64-row tiles): never a wrong result
 
   if (threadIdx.x == T::kMathThreads)
     init_tma_pipeline<kStages>(smem, &tmap_a, &tmap_sfa, &tmap_b, &tmap_d, full, empty, T::kEmptyArrivals);

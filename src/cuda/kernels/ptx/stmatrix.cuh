@@ -23,14 +23,14 @@ __device__ __forceinline__ void stmatrix_x2_trans(uint32_t smem_addr, uint32_t r
                : "memory");
 }
 
-// Two fp32 -> one bf16x2 word, round to nearest even (NaN stays NaN), `lo` in bits 0-15.
-// One bf16 (round to nearest even) to global memory.
+// One fp32 -> bf16 (round to nearest even, NaN stays NaN) stored to global memory.
 __device__ __forceinline__ void st_global_bf16(uint16_t* p, float v) {
   asm volatile(
       "{\n.reg .b16 h;\ncvt.rn.bf16.f32 h, %1;\nst.global.b16 [%0], h;\n}\n" ::"l"(p), "f"(v)
       : "memory");
 }
 
+// Two fp32 -> one bf16x2 word, round to nearest even (NaN stays NaN), `lo` in bits 0-15.
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   uint32_t r;
   asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));

@@ -314,7 +314,7 @@ std::string why_illegal(const Config& cfg, const Problem& p) {
   if (p.m < 1) return "M = 0: nothing to compute";
   if (cfg.kind == KernelKind::kGemm1d2d && cfg.split_k != 1) return "split-K only exists for swapab kernels";
   if (cfg.kind == KernelKind::kSwapAB && cfg.cluster != 1) return "clusters only exist for the 1d2d kernels";
-  if (cfg.kind == KernelKind::kSwapAB && cfg.block_n != 128 && cfg.split_k != 1)
+  if (swap_ab_k_split(cfg.kind, cfg.block_n) && cfg.split_k != 1)
     return "split-K exists only for the 128-row swap-AB tiles";
   if (cfg.cluster > 1 && p.num_sms < cfg.cluster)
     return "a cluster of " + std::to_string(cfg.cluster) + " CTAs needs at least as many SMs";
@@ -359,7 +359,7 @@ std::vector<Config> candidates(const Problem& p) {
     if (base.kind == KernelKind::kSwapAB) {
       // Swap-AB re-reads the weight once per token tile: worth trying up to 2 tiles (the
       // 64-row tile, made for M <= 16, only with one; not measured with two).
-      if (ceil_div(p.m, base.block_m) > (base.block_n == 64 ? 1 : 2)) continue;
+      if (ceil_div(p.m, base.block_m) > (swap_ab_k_split(base.kind, base.block_n) ? 1 : 2)) continue;
       Config c = base;
       c.split_k = best_split_k(base, p);
       if (why_illegal(c, p).empty()) out.push_back(c);

@@ -90,12 +90,15 @@ constexpr int64_t d_tile_bytes(int block_m, int block_n) {
   return align_up(int64_t{block_m} * block_n * 2, 1024);
 }
 
+// Swap-AB with 64-row weight tiles (the kernel's kAltK): its two warpgroups take alternate K
+// blocks of the same rows, it stores from registers, and it has no split-K.
+constexpr bool swap_ab_k_split(KernelKind kind, int block_n) { return kind == KernelKind::kSwapAB && block_n == 64; }
+
 // Shared memory that does not depend on K: output area | stages | barriers. The output area is
-// the bf16 D tile, except for swap-AB with 64-row weight tiles, which stores from registers; its
-// two warpgroups split K, and warpgroup 1 hands its fp32 sums (tokens x 64) to warpgroup 0 there.
+// the bf16 D tile, except for swap_ab_k_split tiles: warpgroup 1's fp32 sums (tokens x 64),
+// handed to warpgroup 0 there.
 constexpr int64_t smem_fixed_bytes(KernelKind kind, int block_m, int block_n, int stages) {
-  const int64_t out = kind == KernelKind::kSwapAB && block_n == 64 ? int64_t{block_m} * 64 * 4
-                                                                    : d_tile_bytes(block_m, block_n);
+  const int64_t out = swap_ab_k_split(kind, block_n) ? int64_t{block_m} * 64 * 4 : d_tile_bytes(block_m, block_n);
   return out + stages * stage_bytes(kind, block_m, block_n) + kBarrierBytes;
 }
 

@@ -182,6 +182,7 @@ template <class T>
 void launch_swapab(const Fp8GemmArgs& x, const Config& cfg, void* workspace, int num_sms, cudaStream_t stream) {
   static_assert(T::kSmemFixed == smem_fixed_bytes(KernelKind::kSwapAB, T::BLOCK_TOK, T::BLOCK_W, T::kStages),
                 "kernel shared-memory layout and heuristic disagree");
+  static_assert(T::kAltK == swap_ab_k_split(KernelKind::kSwapAB, T::BLOCK_W), "kernel and heuristic disagree on kAltK");
   static std::atomic<uint64_t> smem_set{0};
   auto kernel = kernels::sm90_fp8_gemm_swapab_kernel<T>;
   ensure_max_smem(kernel, smem_set);

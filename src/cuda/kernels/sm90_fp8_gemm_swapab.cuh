@@ -132,6 +132,12 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 
   const SplitKUnitScheduler sched(m, n, k, BLOCK_TOK, BLOCK_W, split_k);
   uint32_t stage = 0, phase = 0;
+  auto advance = [&]() {  // the next stage of the ring (producer and consumers walk it alike)
+    if (++stage == kStages) {
+      stage = 0;
+      phase ^= 1;
+    }
+  };
 
   if (warp >= T::kMathWGs * 4) {
     // ---------------- producer warpgroup ----------------
@@ -152,10 +158,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           ptx::tma_load_2d(smem + T::kOffTok + stage * T::kSmemTok, &tmap_a, full + stage, k0, m0);
           ptx::tma_load_2d(smem + T::kOffSfa + stage * T::kSmemSfa, &tmap_sfa, full + stage, m0,
                            static_cast<int32_t>(kb));
-          if (++stage == kStages) {
-            stage = 0;
-            phase ^= 1;
-          }
+          advance();
         }
       }
     }
@@ -191,10 +194,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 #pragma unroll 1
       for (uint32_t kb = kb_begin; kb < kb_end; ++kb) {
         if (T::kAltK && ((kb - kb_begin) & 1) != wg) {  // the other warpgroup's K block
-          if (++stage == kStages) {
-            stage = 0;
-            phase ^= 1;
-          }
+          advance();
           continue;
         }
         const float sb = sfb[kb - kb_begin];
@@ -228,10 +228,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           acc[4 * i + 2] = fmaf(s0, part[4 * i + 2], acc[4 * i + 2]);
           acc[4 * i + 3] = fmaf(s1, part[4 * i + 3], acc[4 * i + 3]);
         }
-        if (++stage == kStages) {
-          stage = 0;
-          phase ^= 1;
-        }
+        advance();
       }
 
       if constexpr (T::kAltK) {

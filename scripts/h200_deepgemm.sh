@@ -6,7 +6,11 @@
 # never timed. Results and logs go to $OUT (default h200-out).
 #
 #   FP8PROJ_C_LIB=path/libfp8proj_c.so  (default: .device/lib, else build/src)
-#   FP8PROJ_C_LIB_B=path/libfp8proj_c.so (optional: a second build, interleaved with the first: A/B)
+#   FP8PROJ_C_LIB_B=path/libfp8proj_c.so (optional: a second build, interleaved with the first: A/B.
+#                                        Each library holds its own copy of the weights, and at
+#                                        memory-bound points that copy's placement alone moved one
+#                                        side by 1-4% with identical SASS (session 14): decide on
+#                                        both orientations, the two libraries swapped, combined)
 #   RUNS=2                              (independent measurement runs, to show the spread)
 #   COMPARE_ARGS="--reps 45"            (passed on to compare_deepgemm.py)
 #   NCU_PROBLEM=N,K,M                   (also: Nsight Compute of both kernels at that problem,

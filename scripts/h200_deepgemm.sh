@@ -6,11 +6,15 @@
 # never timed. Results and logs go to $OUT (default h200-out).
 #
 #   FP8PROJ_C_LIB=path/libfp8proj_c.so  (default: .device/lib, else build/src)
-#   FP8PROJ_C_LIB_B=path/libfp8proj_c.so (optional: a second build, interleaved with the first: A/B.
-#                                        Each library holds its own copy of the weights, and at
-#                                        memory-bound points that copy's placement alone moved one
-#                                        side by 1-4% with identical SASS (session 14): decide on
-#                                        both orientations, the two libraries swapped, combined)
+#   FP8PROJ_C_LIB_B=path/libfp8proj_c.so (optional: a second build, interleaved with the first: A/B)
+#   AB_BOTH_WAYS=1                      (with a B: every even run swaps the two libraries, and
+#                                        FP8PROJ_TUNE_FILE with FP8PROJ_TUNE_FILE_EXP when that is
+#                                        set (read only by a build with session13's
+#                                        tune_file_exp.patch); scripts/ab_both_ways.py combines the runs into
+#                                        $OUT/ab_both_ways.md. Each library holds its own copy of
+#                                        the weights, and at memory-bound points that copy's
+#                                        placement alone moved one side by 1-4% with identical SASS
+#                                        (session 14): decide an A/B on both ways round, RUNS even)
 #   RUNS=2                              (independent measurement runs, to show the spread)
 #   COMPARE_ARGS="--reps 45"            (passed on to compare_deepgemm.py)
 #   NCU_PROBLEM=N,K,M                   (also: Nsight Compute of both kernels at that problem,
@@ -73,12 +77,25 @@ echo "DeepGEMM JIT prewarm: $((SECONDS - start)) s, $(find "$DG_JIT_CACHE_DIR" -
 DG_PRINT_CONFIGS=1 python3 scripts/compare_deepgemm.py --prewarm 0/1 >"$OUT/deepgemm_configs.log" 2>&1
 rm -rf "$OUT/prewarm"
 
+both_ways=0
+[[ -n ${FP8PROJ_C_LIB_B:-} && ${AB_BOTH_WAYS:-0} == 1 ]] && both_ways=1
 for run in $(seq 1 "${RUNS:-1}"); do
   dir=$OUT/run$run
-  mkdir -p "$dir"
-  python3 scripts/compare_deepgemm.py --lib "$lib" ${FP8PROJ_C_LIB_B:+--lib-b "$FP8PROJ_C_LIB_B"} --out "$dir" \
+  rm -rf "$dir" && mkdir -p "$dir"
+  a=$lib b=${FP8PROJ_C_LIB_B:-} swap_env=()
+  if (( both_ways && run % 2 == 0 )); then  # reversed: B's build (and table) in A's place
+    a=$FP8PROJ_C_LIB_B b=$lib
+    [[ -n ${FP8PROJ_TUNE_FILE_EXP:-} ]] &&
+      swap_env=(FP8PROJ_TUNE_FILE="$FP8PROJ_TUNE_FILE_EXP" FP8PROJ_TUNE_FILE_EXP="$FP8PROJ_TUNE_FILE")
+    touch "$dir/swapped"
+  fi
+  env "${swap_env[@]}" python3 scripts/compare_deepgemm.py --lib "$a" ${b:+--lib-b "$b"} --out "$dir" \
     ${COMPARE_ARGS:-} 2>&1 | tee "$dir/compare.log"
 done
+if (( both_ways )); then
+  python3 scripts/ab_both_ways.py "$OUT" --csv "$OUT/ab_both_ways.csv" | tee "$OUT/ab_both_ways.md" ||
+    echo "ab_both_ways: needs RUNS >= 2 (one run each way)"
+fi
 if [[ -n ${NCU_PROBLEM:-} ]] && command -v ncu >/dev/null; then
   IFS=, read -r n k m <<<"$NCU_PROBLEM"
   for who in deepgemm:sm90_fp8_gemm_1d2d_impl fp8proj:sm90_fp8_gemm_1d2d_kernel; do
@@ -92,4 +109,4 @@ if [[ -n ${NCU_PROBLEM:-} ]] && command -v ncu >/dev/null; then
   rm -rf "$OUT/ncu_tmp"
 fi
 # One archive: the device tool returns a limited number of files.
-tar czf "$OUT/deepgemm_compare.tgz" -C "$OUT" $(cd "$OUT" && ls -d run* ncu_*.log deepgemm_configs.log gpu.txt 2>/dev/null)
+tar czf "$OUT/deepgemm_compare.tgz" -C "$OUT" $(cd "$OUT" && ls -d run* ncu_*.log deepgemm_configs.log gpu.txt ab_both_ways.* 2>/dev/null)

@@ -7,11 +7,11 @@
 #
 #   FP8PROJ_C_LIB=path/libfp8proj_c.so  (default: .device/lib, else build/src)
 #   FP8PROJ_C_LIB_B=path/libfp8proj_c.so (optional: a second build, interleaved with the first: A/B)
-#   AB_BOTH_WAYS=1                      (with a B: every even run swaps the two libraries, and
-#                                        FP8PROJ_TUNE_FILE with FP8PROJ_TUNE_FILE_EXP when that is
-#                                        set (read only by a build with session13's
-#                                        tune_file_exp.patch); scripts/ab_both_ways.py combines the runs into
-#                                        $OUT/ab_both_ways.md. Each library holds its own copy of
+#   AB_BOTH_WAYS=1                      (with a B: every even run swaps the two libraries' places;
+#                                        each keeps its table (a build with session13's
+#                                        tune_file_exp.patch reads FP8PROJ_TUNE_FILE_EXP, the other
+#                                        FP8PROJ_TUNE_FILE); scripts/ab_both_ways.py combines the
+#                                        runs into $OUT/ab_both_ways.md. Each library holds its own copy of
 #                                        the weights, and at memory-bound points that copy's
 #                                        placement alone moved one side by 1-4% with identical SASS
 #                                        (session 14): decide an A/B on both ways round, RUNS even)
@@ -82,14 +82,12 @@ both_ways=0
 for run in $(seq 1 "${RUNS:-1}"); do
   dir=$OUT/run$run
   rm -rf "$dir" && mkdir -p "$dir"
-  a=$lib b=${FP8PROJ_C_LIB_B:-} swap_env=()
-  if (( both_ways && run % 2 == 0 )); then  # reversed: B's build (and table) in A's place
+  a=$lib b=${FP8PROJ_C_LIB_B:-}
+  if (( both_ways && run % 2 == 0 )); then  # reversed: B's build in A's place and the other way
     a=$FP8PROJ_C_LIB_B b=$lib
-    [[ -n ${FP8PROJ_TUNE_FILE_EXP:-} ]] &&
-      swap_env=(FP8PROJ_TUNE_FILE="$FP8PROJ_TUNE_FILE_EXP" FP8PROJ_TUNE_FILE_EXP="$FP8PROJ_TUNE_FILE")
     touch "$dir/swapped"
   fi
-  env "${swap_env[@]}" python3 scripts/compare_deepgemm.py --lib "$a" ${b:+--lib-b "$b"} --out "$dir" \
+  python3 scripts/compare_deepgemm.py --lib "$a" ${b:+--lib-b "$b"} --out "$dir" \
     ${COMPARE_ARGS:-} 2>&1 | tee "$dir/compare.log"
 done
 if (( both_ways )); then

@@ -106,5 +106,6 @@ if [[ -n ${NCU_PROBLEM:-} ]] && command -v ncu >/dev/null; then
   done
   rm -rf "$OUT/ncu_tmp"
 fi
-# One archive: the device tool returns a limited number of files.
-tar czf "$OUT/deepgemm_compare.tgz" -C "$OUT" $(cd "$OUT" && ls -d run* ncu_*.log deepgemm_configs.log gpu.txt ab_both_ways.* 2>/dev/null)
+# One archive: the device tool returns a limited number of files (not the copies of library B
+# that compare_deepgemm.py puts in each run directory: 12 MB each).
+tar czf "$OUT/deepgemm_compare.tgz" --exclude="*.so" -C "$OUT" $(cd "$OUT" && ls -d run* ncu_*.log deepgemm_configs.log gpu.txt ab_both_ways.* 2>/dev/null)

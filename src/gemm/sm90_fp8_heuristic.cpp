@@ -425,4 +425,9 @@ int raster_group_m(const Config& cfg, const Problem& p) {
   return best;
 }
 
+bool weight_evict_first(const Config& cfg, const Problem& p) {
+  const int64_t m_blocks = ceil_div(p.m, int64_t{cfg.block_m});
+  return m_blocks <= 4 || p.n * p.k > kL2ResidentWeightBytes;
+}
+
 }  // namespace fp8proj::sm90

@@ -17,10 +17,11 @@
    the epilogue: between the last QGMMA before the epilogue's first STSM and that STSM there
    is no `WARPGROUP.DEPBAR` (ptxas may add one wait on the exit path, C7517; one before the
    stores would silently turn the overlap off).
-5. Every GEMM kernel loads its weight with an L2 cache policy (evict-first, ptx/tma.cuh): in
+5. Every GEMM kernel can load its weight with an L2 cache policy (evict-first, ptx/tma.cuh): in
    SASS a TMA load that carries one shows a `desc[...]` operand (`UTMALDG.2D [..], [..],
    desc[..]`). Without it the weight stream evicts the L2's dirty lines and pays their
-   write-backs (7-16% at small M on an H200).
+   write-backs (7-16% at small M on an H200). (The 1d2d kernels also have a load without
+   it, taken when the host's weight_evict_first() says the weight stays in the L2.)
 
 cuobjdump comes with the CUDA toolkit or from PyPI (nvidia-cuda-cuobjdump +
 nvidia-cuda-nvdisasm, installed by scripts/setup-deps.sh). Without it the test exits 77,

@@ -135,9 +135,10 @@ void launch_1d2d(const Fp8GemmArgs& x, const Config& cfg, int num_sms, cudaStrea
   const auto smem = static_cast<size_t>(smem_bytes(cfg, x.k));
   const auto m32 = static_cast<uint32_t>(x.m), n32 = static_cast<uint32_t>(x.n), k32 = static_cast<uint32_t>(x.k);
   const auto group = static_cast<uint32_t>(raster_group_m(cfg, p));
+  const uint32_t evict_first = weight_evict_first(cfg, p) ? 1u : 0u;
   if constexpr (T::kCluster == 1) {
     kernel<<<static_cast<unsigned>(g.grid), T::kThreads, smem, stream>>>(maps.a, maps.sfa, maps.b, maps.d,
-                                                                          x.b_scales, m32, n32, k32, group);
+                                                                          x.b_scales, m32, n32, k32, group, evict_first);
     CUDA_CHECK_LAUNCH();
   } else {
     const int clusters = std::min<int64_t>(g.grid / T::kCluster, max_active_clusters(kernel, T::kCluster, T::kThreads, smem));
@@ -153,7 +154,7 @@ void launch_1d2d(const Fp8GemmArgs& x, const Config& cfg, int num_sms, cudaStrea
     attr.val.clusterDim.z = 1;
     lc.attrs = &attr;
     lc.numAttrs = 1;
-    CUDA_CHECK(cudaLaunchKernelEx(&lc, kernel, maps.a, maps.sfa, maps.b, maps.d, x.b_scales, m32, n32, k32, group));
+    CUDA_CHECK(cudaLaunchKernelEx(&lc, kernel, maps.a, maps.sfa, maps.b, maps.d, x.b_scales, m32, n32, k32, group, evict_first));
   }
 }
 

@@ -190,7 +190,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
                               const __grid_constant__ CUtensorMap tmap_b,
                               const __grid_constant__ CUtensorMap tmap_d,
                               const float* __restrict__ b_scales, uint32_t m, uint32_t n, uint32_t k,
-                              uint32_t group_m) {
+                              uint32_t group_m, uint32_t b_evict_first) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int BLOCK_M = T::BLOCK_M;
   constexpr int BLOCK_N = T::BLOCK_N;
@@ -235,7 +235,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     // ---------------- producer warpgroup ----------------
     ptx::setmaxnreg_dec<T::kProducerRegs>();
     if (threadIdx.x == T::kMathThreads) {
-      const uint64_t b_policy = ptx::l2_policy_evict_first();  // spare dirty L2 lines (tma.cuh)
+      // b_evict_first (the host's weight_evict_first()): load the weight evict-first (it streams
+      // through once and should spare the L2's dirty lines), else at normal priority (it fits in
+      // the L2 and many CTAs read each tile again). See tma.cuh.
+      const uint64_t b_policy = ptx::l2_policy_evict_first();
       for (uint32_t tile = first_unit; tile < sched.num_tiles; tile += unit_stride) {
         uint32_t m_block, n_block;
         tile_of(tile, m_block, n_block);
@@ -257,10 +260,16 @@ __global__ void __launch_bounds__(T::kThreads, 1)
                            static_cast<int32_t>(kb));
           if constexpr (T::kCluster > 1 && !T::kClusterOnN) {
             const uint32_t half = rank * T::kBRowsPerCta;  // this CTA's rows of the shared B tile
-            ptx::tma_load_2d_multicast_hint(smem + T::kOffB + stage * T::kSmemB + half * 128, &tmap_b, full + stage,
-                                            k0, n0 + static_cast<int32_t>(half), (1u << T::kCluster) - 1, b_policy);
-          } else {
+            if (b_evict_first)
+              ptx::tma_load_2d_multicast_hint(smem + T::kOffB + stage * T::kSmemB + half * 128, &tmap_b, full + stage,
+                                              k0, n0 + static_cast<int32_t>(half), (1u << T::kCluster) - 1, b_policy);
+            else
+              ptx::tma_load_2d_multicast(smem + T::kOffB + stage * T::kSmemB + half * 128, &tmap_b, full + stage, k0,
+                                         n0 + static_cast<int32_t>(half), (1u << T::kCluster) - 1);
+          } else if (b_evict_first) {
             ptx::tma_load_2d_hint(smem + T::kOffB + stage * T::kSmemB, &tmap_b, full + stage, k0, n0, b_policy);
+          } else {
+            ptx::tma_load_2d(smem + T::kOffB + stage * T::kSmemB, &tmap_b, full + stage, k0, n0);
           }
           if (++stage == kStages) {
             stage = 0;

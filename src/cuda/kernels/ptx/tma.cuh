@@ -39,10 +39,12 @@ __device__ __forceinline__ void tma_load_2d(void* smem_dst, const CUtensorMap* m
 // benchmarks' L2 flush is a write too). Weight lines loaded at normal priority evict those,
 // and every eviction is a DRAM write-back competing with the weight stream: on an H200 after
 // a 120 MB write, TMA streams 117 MB at 3.06 TB/s, 3.35 TB/s evict-first, 3.80 TB/s from a
-// clean L2 (sm90_fp8_gemm_harness --floor); the GEMMs gain 7-16% at M <= 256. At large M,
-// where a weight tile is read again a raster group later, it measured even with no policy
-// (1.003x vs 1.006x DeepGEMM at M >= 4096, inside the runs' spread), so every launch uses it;
-// an explicit evict_normal policy there cost 5-17% (bench/results/h200/session8/).
+// clean L2 (sm90_fp8_gemm_harness --floor); the GEMMs gain 7-16% at M <= 256. An explicit
+// evict_normal policy (createpolicy) cost 5-17% at large M (bench/results/h200/session8/).
+// At large M on a weight the L2 can hold, where 5+ M blocks read every weight tile, the 1d2d
+// kernels load it with no policy instead (weight_evict_first(), sm90_fp8_heuristic.hpp):
+// evict-first evicted tiles between their readers (session15/: +0.45% over 18 such points of
+// DESIGN.md's table, both ways round; +1.5-4% for the 2-CTA cluster tiles at K <= 2048).
 __device__ __forceinline__ uint64_t l2_policy_evict_first() {
   uint64_t policy;
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));

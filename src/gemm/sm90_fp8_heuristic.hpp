@@ -176,8 +176,8 @@ int raster_group_m(const Config& cfg, const Problem& p);
 // L2 policy of the 1d2d kernel's weight (B) loads: evict-first, unless the weight fits in the
 // L2 (N x K bytes <= kL2ResidentWeightBytes) and more than 4 M blocks read each of its tiles.
 // Evict-first spares the dirty lines a model's L2 is full of when the weight streams through
-// once (small M: 7-16% faster, bench/results/h200/session8/); when the L2 can hold it and 8+
-// CTAs read every tile, it evicts the tile between its readers and the weight comes from DRAM
+// once (small M: 7-16% faster, bench/results/h200/session8/); when the L2 can hold it and 5+
+// M blocks read every tile, it evicts the tile between its readers and the weight comes from DRAM
 // again (the 2-CTA cluster tiles at K <= 2048: 1.5-4% slower, session15/).
 inline constexpr int64_t kL2ResidentWeightBytes = int64_t{48} << 20;
 bool weight_evict_first(const Config& cfg, const Problem& p);

@@ -135,6 +135,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lib", help="libfp8proj_c.so")
     ap.add_argument("--lib-b", help="a second libfp8proj_c.so, timed interleaved with the first (A/B)")
+    ap.add_argument("--tune-file-b", help="the tuned table library B reads (default: A's, FP8PROJ_TUNE_FILE); "
+                    "a table A/B with the same library for both")
     ap.add_argument("--out", default=".")
     ap.add_argument("--reps", type=int, default=45)
     ap.add_argument("--warmup", type=int, default=5)
@@ -186,7 +188,17 @@ def main():
         wq, ws = quantize_blocks(w, 128)
         w_deq = dequantize(wq, 128, ws)
         h = ours.plan(wq, ws, max_m)
-        h_b = ours_b.plan(wq, ws, max_m) if ours_b else None
+        h_b = None
+        if ours_b:
+            # Each library copy reads its table once, at its first plan: B's first plan sees B's.
+            saved = os.environ.get("FP8PROJ_TUNE_FILE")
+            if a.tune_file_b:
+                os.environ["FP8PROJ_TUNE_FILE"] = a.tune_file_b
+            h_b = ours_b.plan(wq, ws, max_m)
+            if saved is None:
+                os.environ.pop("FP8PROJ_TUNE_FILE", None)
+            else:
+                os.environ["FP8PROJ_TUNE_FILE"] = saved
         y_bf16 = torch.empty(max_m, n, device=dev, dtype=torch.bfloat16)
         y_dg = torch.empty_like(y_bf16)
         y_ours = torch.empty_like(y_bf16)

@@ -7,10 +7,10 @@
 #
 #   FP8PROJ_C_LIB=path/libfp8proj_c.so  (default: .device/lib, else build/src)
 #   FP8PROJ_C_LIB_B=path/libfp8proj_c.so (optional: a second build, interleaved with the first: A/B)
+#   FP8PROJ_TUNE_FILE_B=path.json       (optional: B's tuned table, default A's; with the same
+#                                        library as A and B this is a table A/B)
 #   AB_BOTH_WAYS=1                      (with a B: every even run swaps the two libraries' places;
-#                                        each keeps its table (a build with session13's
-#                                        tune_file_exp.patch reads FP8PROJ_TUNE_FILE_EXP, the other
-#                                        FP8PROJ_TUNE_FILE); scripts/ab_both_ways.py combines the
+#                                        each keeps its table; scripts/ab_both_ways.py combines the
 #                                        runs into $OUT/ab_both_ways.md. Each library holds its own copy of
 #                                        the weights, and at memory-bound points that copy's
 #                                        placement alone moved one side by 1-4% with identical SASS
@@ -82,13 +82,13 @@ both_ways=0
 for run in $(seq 1 "${RUNS:-1}"); do
   dir=$OUT/run$run
   rm -rf "$dir" && mkdir -p "$dir"
-  a=$lib b=${FP8PROJ_C_LIB_B:-}
+  a=$lib b=${FP8PROJ_C_LIB_B:-} ta=$FP8PROJ_TUNE_FILE tb=${FP8PROJ_TUNE_FILE_B:-$FP8PROJ_TUNE_FILE}
   if (( both_ways && run % 2 == 0 )); then  # reversed: B's build in A's place and the other way
-    a=$FP8PROJ_C_LIB_B b=$lib
+    a=$FP8PROJ_C_LIB_B b=$lib ta=$tb tb=$FP8PROJ_TUNE_FILE
     touch "$dir/swapped"
   fi
-  python3 scripts/compare_deepgemm.py --lib "$a" ${b:+--lib-b "$b"} --out "$dir" \
-    ${COMPARE_ARGS:-} 2>&1 | tee "$dir/compare.log"
+  FP8PROJ_TUNE_FILE=$ta python3 scripts/compare_deepgemm.py --lib "$a" ${b:+--lib-b "$b" --tune-file-b "$tb"} \
+    --out "$dir" ${COMPARE_ARGS:-} 2>&1 | tee "$dir/compare.log"
 done
 if (( both_ways )); then
   python3 scripts/ab_both_ways.py "$OUT" --csv "$OUT/ab_both_ways.csv" | tee "$OUT/ab_both_ways.md" ||

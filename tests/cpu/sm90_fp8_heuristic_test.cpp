@@ -108,22 +108,22 @@ TEST(Sm90Fp8Heuristic, ClusterGridIsWholePairs) {
     EXPECT_TRUE(x.cluster == 1 || x.cluster_on_n) << x.name();
 }
 
-TEST(Sm90Fp8Heuristic, WeightEvictFirstUnlessL2ResidentAndReadByManyMBlocks) {
+TEST(Sm90Fp8Heuristic, WeightEvictFirstUnlessReadByManyMBlocks) {
   const Config c = Config::parse("m128n192_ws2_st4");
   // Small M: the weight streams through once, whatever its size.
   EXPECT_TRUE(weight_evict_first(c, {512, 4096, 2048, 132}));   // 4 M blocks
   EXPECT_TRUE(weight_evict_first(c, {16, 16384, 2048, 132}));
-  // Large M on a weight the L2 holds (8 / 32 / 36 MiB): normal priority.
+  // Large M: normal priority, on weights the L2 holds (8 / 32 / 36 MiB) ...
   EXPECT_FALSE(weight_evict_first(c, {513, 4096, 2048, 132}));  // 5 M blocks
   EXPECT_FALSE(weight_evict_first(c, {8192, 16384, 2048, 132}));
   EXPECT_FALSE(weight_evict_first(c, {32768, 24576, 1536, 132}));
   // The block height counts: 1024 rows are 4 blocks of 256 but 8 of 128.
   EXPECT_TRUE(weight_evict_first(Config::parse("m256n128_ws2_st3"), {1024, 4096, 2048, 132}));
   EXPECT_FALSE(weight_evict_first(c, {1024, 4096, 2048, 132}));
-  // Weights beyond the L2 (96 / 112 MiB) stay evict-first at any M.
-  EXPECT_TRUE(weight_evict_first(c, {32768, 6144, 16384, 132}));
-  EXPECT_TRUE(weight_evict_first(c, {8192, 7168, 16384, 132}));
-  EXPECT_FALSE(weight_evict_first(c, {8192, 6144, 8192, 132}));  // exactly 48 MiB: resident
+  // ... and beyond it (96 / 112 MiB), which still stream once at small M.
+  EXPECT_FALSE(weight_evict_first(c, {32768, 6144, 16384, 132}));
+  EXPECT_FALSE(weight_evict_first(c, {8192, 7168, 16384, 132}));
+  EXPECT_TRUE(weight_evict_first(c, {128, 7168, 16384, 132}));
 }
 
 TEST(Sm90Fp8Heuristic, ClusterAlongNPairsNBlocks) {

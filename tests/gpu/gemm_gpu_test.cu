@@ -54,7 +54,7 @@ int64_t count_non_finite(const std::vector<bf16>& y) {
   return n;
 }
 
-// ---- FP8 block-scaled backends ------------------------------------------------------------
+// ---- FP8 block-scaled backends --------------------------------------------------------------
 
 const std::vector<std::string> kFp8Backends = {"cublaslt_fp8_block", "sm90_fp8_block"};
 // M: decode sizes (1, 5 and 8 straddle cuBLASLt's 8-row multiple), odd and prefill sizes.
@@ -150,19 +150,12 @@ TEST_P(Fp8GemmGpuArgs, EmptyBatchIsNoOpAndBadPointersThrow) {
 
 INSTANTIATE_TEST_SUITE_P(Backends, Fp8GemmGpuArgs, ::testing::ValuesIn(kFp8Backends));
 
-// ---- the sm90 kernels compiled for one K ------------------------------------------------
+// ---- one sm90 configuration, forced ---------------------------------------------------------
 
-// m256n128_ws2_st3, m128n192_ws2_st4 and m128n192_ws2_st4_c also exist compiled for K = 1536,
-// 2048 and 4096 (kernels::FixedK), which sm90::run picks by k: each against the fp64 oracle
-// (poisoned output: every element written, M a tail of every tile height, 128 x 192 tiles
-// straddling B-scale blocks) and bitwise equal over two runs.
-class Sm90CompiledKGpu : public GpuTest, public ::testing::WithParamInterface<std::tuple<std::string, int64_t>> {};
-
-TEST_P(Sm90CompiledKGpu, MatchesFp64AndRepeatsBitwise) {
+// One sm90 configuration, forced, against the fp64 oracle (poisoned output: every element
+// written and finite) and bitwise equal over two runs.
+void expect_sm90_config_exact(const std::string& config, int64_t m, int64_t n, int64_t k) {
   const DeviceInfo& dev = current_device();
-  if (dev.cc_major != 9 || dev.cc_minor != 0) GTEST_SKIP() << "the sm90 kernels need an sm_90 GPU, this is " << dev.arch();
-  const auto& [config, k] = GetParam();
-  const int64_t m = 333, n = 768;
   const sm90::Problem p{m, n, k, dev.sm_count};
   const sm90::Config cfg = sm90::forced(config, p);
 
@@ -196,6 +189,21 @@ TEST_P(Sm90CompiledKGpu, MatchesFp64AndRepeatsBitwise) {
   }
 }
 
+// ---- the sm90 kernels compiled for one K ----------------------------------------------------
+
+// m256n128_ws2_st3, m128n192_ws2_st4 and m128n192_ws2_st4_c also exist compiled for K = 1536,
+// 2048 and 4096 (kernels::FixedK), which sm90::run picks by k: each against the fp64 oracle
+// (poisoned output: every element written, M a tail of every tile height, 128 x 192 tiles
+// straddling B-scale blocks) and bitwise equal over two runs.
+class Sm90CompiledKGpu : public GpuTest, public ::testing::WithParamInterface<std::tuple<std::string, int64_t>> {};
+
+TEST_P(Sm90CompiledKGpu, MatchesFp64AndRepeatsBitwise) {
+  const DeviceInfo& dev = current_device();
+  if (dev.cc_major != 9 || dev.cc_minor != 0) GTEST_SKIP() << "the sm90 kernels need an sm_90 GPU, this is " << dev.arch();
+  const auto& [config, k] = GetParam();
+  expect_sm90_config_exact(config, 333, 768, k);
+}
+
 INSTANTIATE_TEST_SUITE_P(Configs, Sm90CompiledKGpu,
                          ::testing::Combine(::testing::Values("m256n128_ws2_st3", "m128n192_ws2_st4", "m128n192_ws2_st4_c"),
                                             ::testing::Values(int64_t{1536}, int64_t{2048}, int64_t{4096})),
@@ -203,7 +211,41 @@ INSTANTIATE_TEST_SUITE_P(Configs, Sm90CompiledKGpu,
                            return std::get<0>(info.param) + "_k" + std::to_string(std::get<1>(info.param));
                          });
 
-// ---- bf16 --------------------------------------------------------------------------------
+// ---- a last N block mostly past N -----------------------------------------------------------
+
+// A wide tile's last N block with at most 64 of its columns inside N: TMA zero-fills the rows
+// past N, the MMAs run on them, the store clips them. 192-wide tiles at N = 640 (3 x 192 + 64;
+// K = 2048 also runs the kernel compiled for that K), 160 at N = 512 (+ 32), 96 / 112 at N =
+// 2048 (+ 32) and 4096 (112: + 64), 2-CTA clusters along M (the pair shares the partial B
+// tile) and along N (N = 640 with 96: the pair's second tile lies wholly past N).
+class Sm90PartialLastNBlockGpu : public GpuTest,
+                          public ::testing::WithParamInterface<std::tuple<std::string, int64_t, int64_t>> {};
+
+TEST_P(Sm90PartialLastNBlockGpu, MatchesFp64AndRepeatsBitwise) {
+  const DeviceInfo& dev = current_device();
+  if (dev.cc_major != 9 || dev.cc_minor != 0) GTEST_SKIP() << "the sm90 kernels need an sm_90 GPU, this is " << dev.arch();
+  const auto& [config, n, k] = GetParam();
+  expect_sm90_config_exact(config, 333, n, k);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Configs, Sm90PartialLastNBlockGpu,
+    ::testing::Values(std::tuple<std::string, int64_t, int64_t>{"m128n192_ws2_st4", 640, 1024},
+                      std::tuple<std::string, int64_t, int64_t>{"m128n192_ws2_st4", 640, 2048},
+                      std::tuple<std::string, int64_t, int64_t>{"m128n160_ws2_st5", 512, 1024},
+                      std::tuple<std::string, int64_t, int64_t>{"m128n96_ws2_st7", 2048, 512},
+                      std::tuple<std::string, int64_t, int64_t>{"m128n112_ws2_st6", 2048, 512},
+                      std::tuple<std::string, int64_t, int64_t>{"m128n112_ws2_st6", 4096, 256},
+                      std::tuple<std::string, int64_t, int64_t>{"m128n192_ws2_st4_mc2", 640, 1024},
+                      std::tuple<std::string, int64_t, int64_t>{"m128n160_ws2_st5_mc2", 512, 1024},
+                      std::tuple<std::string, int64_t, int64_t>{"m128n96_ws2_st7_mcn2", 640, 1024},
+                      std::tuple<std::string, int64_t, int64_t>{"m128n192_ws2_st4_mcn2", 640, 1024}),
+    [](const auto& info) {
+      return std::get<0>(info.param) + "_n" + std::to_string(std::get<1>(info.param)) + "_k" +
+             std::to_string(std::get<2>(info.param));
+    });
+
+// ---- bf16 -----------------------------------------------------------------------------------
 
 // Any N, K: fused_qkv_a's N = 2624 (not 128-aligned) runs on this backend; K = 72 and N = 200
 // give rows that are 16-byte but not 256-byte aligned.
@@ -260,7 +302,7 @@ TEST_F(Bf16GemmGpuArgs, EmptyBatchIsNoOpAndBadPointersThrow) {
   EXPECT_THROW(plan->run(x.data<bf16>(), m, y.data<bf16>() + 1, nullptr), Error);
 }
 
-// ---- CUDA graphs ---------------------------------------------------------------------------
+// ---- CUDA graphs ----------------------------------------------------------------------------
 
 // Quantize + GEMM captured into a CUDA graph in global mode, where any synchronising or
 // allocating call (cudaMalloc, cudaMemcpy, a stream sync) fails the capture. The plan sees this M

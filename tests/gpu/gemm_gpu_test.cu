@@ -219,7 +219,7 @@ INSTANTIATE_TEST_SUITE_P(Configs, Sm90CompiledKGpu,
 // 2048 (+ 32) and 4096 (112: + 64), 2-CTA clusters along M (the pair shares the partial B
 // tile) and along N (N = 640 with 96: the pair's second tile lies wholly past N).
 class Sm90PartialLastNBlockGpu : public GpuTest,
-                          public ::testing::WithParamInterface<std::tuple<std::string, int64_t, int64_t>> {};
+                                 public ::testing::WithParamInterface<std::tuple<std::string, int64_t, int64_t>> {};
 
 TEST_P(Sm90PartialLastNBlockGpu, MatchesFp64AndRepeatsBitwise) {
   const DeviceInfo& dev = current_device();

@@ -235,9 +235,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     // ---------------- producer warpgroup ----------------
     ptx::setmaxnreg_dec<T::kProducerRegs>();
     if (threadIdx.x == T::kMathThreads) {
-      // b_evict_first (the host's weight_evict_first()): load the weight evict-first (it streams
-      // through once and should spare the L2's dirty lines), else at normal priority (it fits in
-      // the L2 and many CTAs read each tile again). See tma.cuh.
+      // b_evict_first (the host's weight_evict_first()): load the weight evict-first (few M
+      // blocks: it streams through once and should spare the L2's dirty lines), else at normal
+      // priority (5+ M blocks read each tile again). See tma.cuh.
       const uint64_t b_policy = ptx::l2_policy_evict_first();
       for (uint32_t tile = first_unit; tile < sched.num_tiles; tile += unit_stride) {
         uint32_t m_block, n_block;

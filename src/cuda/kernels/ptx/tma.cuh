@@ -41,10 +41,10 @@ __device__ __forceinline__ void tma_load_2d(void* smem_dst, const CUtensorMap* m
 // a 120 MB write, TMA streams 117 MB at 3.06 TB/s, 3.35 TB/s evict-first, 3.80 TB/s from a
 // clean L2 (sm90_fp8_gemm_harness --floor); the GEMMs gain 7-16% at M <= 256. An explicit
 // evict_normal policy (createpolicy) cost 5-17% at large M (bench/results/h200/session8/).
-// At large M on a weight the L2 can hold, where 5+ M blocks read every weight tile, the 1d2d
-// kernels load it with no policy instead (weight_evict_first(), sm90_fp8_heuristic.hpp):
-// evict-first evicted tiles between their readers (session15/: +0.45% over 18 such points of
-// DESIGN.md's table, both ways round; +1.5-4% for the 2-CTA cluster tiles at K <= 2048).
+// Where 5+ M blocks read every weight tile, the 1d2d kernels load it with no policy instead
+// (weight_evict_first(), sm90_fp8_heuristic.hpp): evict-first evicted tiles between their
+// readers (session15/: +0.45% over 18 such points of DESIGN.md's table on weights the L2
+// holds; session16/: 14% fewer DRAM bytes, +0.16% on the 96 / 112 MiB weights).
 __device__ __forceinline__ uint64_t l2_policy_evict_first() {
   uint64_t policy;
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));

@@ -2,7 +2,7 @@
 """Combine an A/B of scripts/compare_deepgemm.py run both ways round.
 
 Each library in an A/B holds its own copy of the weights, and at memory-bound points where
-that copy lies moved one side by 1-4% with byte-identical SASS (bench/results/h200/session14):
+that copy lies moved one side by 1-4% with byte-identical SASS (docs/kernels.md):
 a one-way A/B measures the placement along with the code. Run it both ways (X as --lib and Y
 as --lib-b, then the two swapped) and give each orientation equal weight:
 

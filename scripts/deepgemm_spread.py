@@ -1,18 +1,18 @@
 #!/usr/bin/env python3
-"""How DeepGEMM's own ratio moves between runs, against DESIGN.md's table, and ours against it.
+"""How DeepGEMM's own ratio moves between runs, against the reference table, and ours against it.
 
-Issue 4's bar compares our ratio (cuBLAS bf16 time / our time) at each of DESIGN.md's points with
-DeepGEMM's ratio in DESIGN.md's table: one run, two digits. Every run of
+The reference table (docs/design.md) gives DeepGEMM's ratio (cuBLAS bf16 time / its time) at 66
+points: one run, two digits. Every run of
 scripts/compare_deepgemm.py measures DeepGEMM again in the same process; this tool pools those
 measurements per point, says where DeepGEMM itself does not reach its table entry, and judges
 our runs against three references: the table, DeepGEMM in the same run, and DeepGEMM's median
 over all pooled runs.
 
-  python3 scripts/deepgemm_spread.py --pool 'bench/results/h200/**/compare_deepgemm.csv' \\
-      --ours bench/results/h200/session17/c1_main [--md FILE] [--csv FILE]
+  python3 scripts/deepgemm_spread.py --pool 'runs/**/compare_deepgemm.csv' \\
+      --ours bench/results/deepgemm [--md FILE] [--csv FILE]
 
 --pool: globs of compare_deepgemm.csv files (quote them; ** recurses); only runs with every
-  point of DESIGN.md's table count (A/B runs included: DeepGEMM is timed in each).
+  point of the reference table count (A/B runs included: DeepGEMM is timed in each).
 --ours: directories holding run*/compare_deepgemm.csv (or such files): the runs to judge.
 """
 import argparse
@@ -29,10 +29,10 @@ def geomean(xs):
 
 
 def read(path):
-    """Rows of one run with a DESIGN.md entry: {(shape, n, k, m): row}."""
+    """Rows of one run with a reference-table entry: {(shape, n, k, m): row}."""
     out = {}
     for r in csv.DictReader(open(path)):
-        if r.get("design_deepgemm_ratio") in (None, "", "None"):  # an M off DESIGN.md's table
+        if r.get("design_deepgemm_ratio") in (None, "", "None"):  # an M off the reference table
             continue
         key = (r["shape"], int(r["n"]), int(r["k"]), int(r["m"]))
         out[key] = dict(design=float(r["design_deepgemm_ratio"]), dg=float(r["deepgemm_ratio"]),
@@ -57,11 +57,11 @@ def analyse(pool_files, our_files):
     points = max((set(r) for r in runs), key=len, default=set())
     full = [r for r in runs if set(r) == points and points]
     if not full:
-        sys.exit("no run in the pool covers DESIGN.md's table")
+        sys.exit("no run in the pool covers the reference table")
     ours = [read(f) for f in our_files]
     for f, r in zip(our_files, ours):
         if set(r) != points:
-            sys.exit(f"{f}: not every point of DESIGN.md's table ({len(r)} of {len(points)})")
+            sys.exit(f"{f}: not every point of the reference table ({len(r)} of {len(points)})")
     rows = []
     for key in sorted(points, key=lambda k: (k[1], k[2], k[3])):
         design = full[0][key]["design"]
@@ -97,19 +97,19 @@ def analyse(pool_files, our_files):
 
 def markdown(rows, summary, per_run):
     s = summary
-    out = [f"DeepGEMM measured in {s['pool_runs']} runs of scripts/compare_deepgemm.py covering DESIGN.md's "
-           f"{s['points']} points. Below its DESIGN.md entry in every run: {s['dg_below_design_every_run']} points; "
+    out = [f"DeepGEMM measured in {s['pool_runs']} runs of scripts/compare_deepgemm.py covering the reference table's "
+           f"{s['points']} points. Below its table entry in every run: {s['dg_below_design_every_run']} points; "
            f"its median below the entry: {s['dg_below_design_median']} points. Geometric mean of DeepGEMM's median ratio over "
-           f"DESIGN.md's: {s['geomean_dg_median_over_design']:.4f}.", ""]
+           f"the table's: {s['geomean_dg_median_over_design']:.4f}.", ""]
     for r in per_run:
-        out.append(f"- `{r['run']}`: >= DESIGN.md at {r['ge_design']}, geomean {r['geomean_over_design']:.4f}; "
+        out.append(f"- `{r['run']}`: >= the table at {r['ge_design']}, geomean {r['geomean_over_design']:.4f}; "
                    f">= DeepGEMM same run at {r['ge_dg_same_run']}, geomean {r['geomean_over_dg_same_run']:.4f}; "
                    f">= DeepGEMM's median at {r['ge_dg_median']}, geomean {r['geomean_over_dg_median']:.4f}")
     if per_run:
         out.append("")
     ours = bool(per_run)
-    head = "| shape | N×K | M | DESIGN.md | DeepGEMM / DESIGN.md: min, median, max | runs below |"
-    head += " ours / DESIGN.md (min) | ours / DeepGEMM same run (min) | ours / DeepGEMM median (min) |" if ours else ""
+    head = "| shape | N×K | M | table | DeepGEMM / table: min, median, max | runs below |"
+    head += " ours / table (min) | ours / DeepGEMM same run (min) | ours / DeepGEMM median (min) |" if ours else ""
     out += [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         line = (f"| {r['shape']} | {r['n']}×{r['k']} | {r['m']} | {r['design']:.2f} | {r['dg_over_design_min']:.3f}, "

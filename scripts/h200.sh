@@ -1,34 +1,35 @@
 #!/usr/bin/env bash
-# One GPU session on an H200 (or any sm_90 machine), everything in one call:
+# One run on an H200 (or any sm_90 machine), everything in one command:
 #   configure + build (Release, sm_90a, all cores) unless prebuilt binaries are carried in
 #   .device/bin and load here; GPU tests; verify; benchmarks; tuning; sanitizers.
-# Results: $OUT/results.tgz (logs, CSV/JSON) and $OUT/session.log ($OUT defaults to ./h200-out;
-# the device tool returns at most 8 files, so everything else travels inside the archive).
+# Results: $OUT/results.tgz (logs, CSV/JSON) and $OUT/run.log ($OUT defaults to ./h200-out;
+# everything but the step log travels inside the archive). scripts/README.md has the workflow.
 #
 #   bash scripts/h200.sh [step ...]      steps: info tests verify bench layer tune check
 #                                               harness correctness design sanitize profile
 #                                               (default: info tests verify bench layer harness
 #                                               sanitize)
-# Each step has its own timeout so that one hang cannot eat the session.
+# Each step has its own timeout so that one hang cannot eat the whole budget.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/h200-out}"
 R="$(mktemp -d)/results"
 mkdir -p "$R" "$OUT"
-finish() { tar czf "$OUT/results.tgz" -C "$(dirname "$R")" results; cp "$R/session.log" "$OUT/" 2>/dev/null; }
+finish() { tar czf "$OUT/results.tgz" -C "$(dirname "$R")" results; cp "$R/run.log" "$OUT/" 2>/dev/null; }
 trap finish EXIT
 export NCCL_NVLS_ENABLE=0  # NVLink multicast stays off on shared machines
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(info tests verify bench layer harness sanitize)
 # profile: Nsight Compute on the GEMM (large-M tile and small-M swap-AB), clocks left alone.
 want() { local s; for s in "${steps[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
-log() { echo "[h200 $(date +%H:%M:%S)] $*" | tee -a "$R/session.log"; }
-# The whole session must end (and write its archive) before the device call's own limit.
+log() { echo "[h200 $(date +%H:%M:%S)] $*" | tee -a "$R/run.log"; }
+# The whole run must end (and write its archive) within H200_BUDGET_S (a GPU machine's
+# command limit is typically 10 minutes).
 DEADLINE=$((SECONDS + ${H200_BUDGET_S:-540}))
-run() {  # run NAME TIMEOUT CMD...: output to $R/NAME.log, status to session.log
+run() {  # run NAME TIMEOUT CMD...: output to $R/NAME.log, status to run.log
   local name=$1 t=$2; shift 2
   local left=$((DEADLINE - SECONDS - 15))
-  if [ "$left" -lt 20 ]; then log "skip $name: session budget spent"; return 124; fi
+  if [ "$left" -lt 20 ]; then log "skip $name: budget spent"; return 124; fi
   [ "$t" -gt "$left" ] && t=$left
   log "start $name: $*"
   local t0=$SECONDS
@@ -74,32 +75,34 @@ want tests && {
 want harness && [ -x "$BIN/sm90_fp8_gemm_harness" ] && {
   run harness_quick 240 "$BIN/sm90_fp8_gemm_harness" --quick
 }
-# correctness: the sm90 issue's sweep (M tails x DESIGN.md's shapes and N, K samples up to
-# 24576 x 16384), every configuration, no timing.
+# correctness: the GEMM correctness sweep (M tails x the six model shapes of docs/design.md and
+# N, K samples up to 24576 x 16384), every configuration, no timing.
 want correctness && [ -x "$BIN/sm90_fp8_gemm_harness" ] && \
   run harness_correctness 300 "$BIN/sm90_fp8_gemm_harness" --shapes correctness --no-timing
-# design: every kernel configuration timed on DESIGN.md's shapes (BEST/SUMMARY lines).
+# design: every kernel configuration timed on the six model shapes (BEST/SUMMARY lines).
 want design && [ -x "$BIN/sm90_fp8_gemm_harness" ] && \
   run harness_design 240 "$BIN/sm90_fp8_gemm_harness" --shapes design --reps 15
 want tune && run tune 420 "$FP8" tune --model glm5,deepseek-v3 --tp 1,2,4,8 --out "$R/nvidia-h200.json" \
   --csv "$R/tune.csv" --md "$R/tune.md"
-# Later steps measure with the table just made (the layer reads it at construction).
-[ -s "$R/nvidia-h200.json" ] && export FP8PROJ_TUNE_FILE="$R/nvidia-h200.json" && log "using $FP8PROJ_TUNE_FILE"
+# Later steps measure with the table just made (the layer reads it at construction); without a
+# tune step, `check` checks the shipped table.
+TABLE=configs/nvidia-h200.json
+[ -s "$R/nvidia-h200.json" ] && TABLE="$R/nvidia-h200.json" && export FP8PROJ_TUNE_FILE="$TABLE" && log "using $TABLE"
 want bench && run bench 420 "$FP8" bench --csv "$R/bench.csv" --json "$R/bench.json"
 want layer && run layer 300 "$FP8" layer --model glm5 --tp 1,4 --seqs 4,8,16,32,64 --seqlen 1024 \
   --csv "$R/layer.csv" --json "$R/layer.json" --md "$R/layer.md"
 want verify && run verify 180 "$FP8" verify --case 1x256x384 --case 17x384x256 --case 300x2048x1536 \
   --case 129x6144x2048 --case 1000x4096x2048 --case 4097x2048x1536
-want check && run gatecheck 300 "$FP8" tune --check "$R/nvidia-h200.json" --csv "$R/gatecheck.csv"
+want check && run gatecheck 300 "$FP8" tune --check "$TABLE" --csv "$R/gatecheck.csv"
 want check && {  # a corrupt and a mismatched table are rejected with one line; the layer still works
   echo '{not json' >"$R/bad.json"
   python3 -c "import json,sys;t=json.load(open(sys.argv[1]));t['stamp']['gpu_name']='NVIDIA H100 80GB HBM3';json.dump(t,open(sys.argv[2],'w'))" \
-    "$R/nvidia-h200.json" "$R/h100.json" 2>/dev/null
+    "$TABLE" "$R/h100.json" 2>/dev/null
   for f in bad h100; do
     FP8PROJ_TUNE_FILE="$R/$f.json" "$FP8" explain --fp8 --model glm5 --tp 1 --m 1,4096 >"$R/reject_$f.log" 2>&1
     echo "rc=$?" >>"$R/reject_$f.log"
   done
-  FP8PROJ_TUNE_FILE="$R/nvidia-h200.json" "$FP8" explain --fp8 --policy all --model glm5,deepseek-v3 --tp 1,4 \
+  FP8PROJ_TUNE_FILE="$TABLE" "$FP8" explain --fp8 --policy all --model glm5,deepseek-v3 --tp 1,4 \
     --m 1,16,64,200,700,1500,4096,32768 >"$R/explain_tuned.log" 2>&1
 }
 want sanitize && command -v compute-sanitizer >/dev/null && {

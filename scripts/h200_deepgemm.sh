@@ -14,7 +14,7 @@
 #                                        runs into $OUT/ab_both_ways.md. Each library holds its own copy of
 #                                        the weights, and at memory-bound points that copy's
 #                                        placement alone moved one side by 1-4% with identical SASS
-#                                        (session 14): decide an A/B on both ways round, RUNS even)
+#                                        (docs/kernels.md): decide an A/B both ways round, RUNS even)
 #   RUNS=2                              (independent measurement runs, to show the spread)
 #   COMPARE_ARGS="--reps 45"            (passed on to compare_deepgemm.py)
 #   NCU_PROBLEM=N,K,M                   (also: Nsight Compute of both kernels at that problem,
@@ -106,6 +106,6 @@ if [[ -n ${NCU_PROBLEM:-} ]] && command -v ncu >/dev/null; then
   done
   rm -rf "$OUT/ncu_tmp"
 fi
-# One archive: the device tool returns a limited number of files (not the copies of library B
+# One archive, easy to carry back from a GPU machine (without the copies of library B
 # that compare_deepgemm.py puts in each run directory: 12 MB each).
 tar czf "$OUT/deepgemm_compare.tgz" --exclude="*.so" -C "$OUT" $(cd "$OUT" && ls -d run* ncu_*.log deepgemm_configs.log gpu.txt ab_both_ways.* 2>/dev/null)

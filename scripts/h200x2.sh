@@ -3,12 +3,12 @@
 #   build (unless loadable binaries are carried in .device/bin), the TP tests in both process
 #   models, `fp8proj tp check` (threads, procs, and env mode launched by hand as torchrun would),
 #   the GLM-5 layer-level prefill table at TP 2 next to TP 1, and the projection table.
-# Results: $OUT/results-tp.tgz (logs, CSV/JSON, SUMMARY.md) and $OUT/session-tp.log.
+# Results: $OUT/results-tp.tgz (logs, CSV/JSON, SUMMARY.md) and $OUT/run-tp.log.
 #
 #   bash scripts/h200x2.sh [step ...]    steps: info tests check envmode layer bench
 #                                               (default: all)
-# Each step has its own timeout; expected run time is a few minutes after the build. Within the
-# device tool's 10-minute limit per command: build (or carry .device/bin) in a first call
+# Each step has its own timeout; expected run time is a few minutes after the build. Within a
+# 10-minute limit per command: build (or carry .device/bin) in a first call
 # (`bash scripts/h200x2.sh info`), the rest in a second (`... tests check envmode layer bench`).
 # NVLink multicast (NVLS) stays off in every process: NCCL_NVLS_ENABLE=0 is exported here and
 # the launcher passes it to the ranks it starts.
@@ -20,7 +20,7 @@ mkdir -p "$R" "$OUT"
 finish() {
   summarize
   tar czf "$OUT/results-tp.tgz" -C "$(dirname "$R")" results-tp
-  cp "$R/session.log" "$OUT/session-tp.log" 2>/dev/null
+  cp "$R/run.log" "$OUT/run-tp.log" 2>/dev/null
 }
 trap finish EXIT
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -28,8 +28,8 @@ export FP8PROJ_NCCL_TIMEOUT_S="${FP8PROJ_NCCL_TIMEOUT_S:-120}"
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(info tests check envmode layer bench)
 want() { local s; for s in "${steps[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
-log() { echo "[h200x2 $(date +%H:%M:%S)] $*" | tee -a "$R/session.log"; }
-run() {  # run NAME TIMEOUT CMD...: output to $R/NAME.log, status to session.log
+log() { echo "[h200x2 $(date +%H:%M:%S)] $*" | tee -a "$R/run.log"; }
+run() {  # run NAME TIMEOUT CMD...: output to $R/NAME.log, status to run.log
   local name=$1 t=$2; shift 2
   log "start $name: $*"
   local t0=$SECONDS
@@ -68,7 +68,7 @@ else
   # The same build folder and configuration as scripts/h200.sh: after it, only the TP targets build.
   BUILD="${FP8PROJ_BUILD_DIR:-build-h200}"
   cmake -S . -B "$BUILD" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release >"$R/configure.log" 2>&1 || { tail -30 "$R/configure.log"; exit 1; }
-  grep -i nccl "$R/configure.log" | tee -a "$R/session.log"
+  grep -i nccl "$R/configure.log" | tee -a "$R/run.log"
   t0=$SECONDS
   cmake --build "$BUILD" -j "$(nproc)" --target fp8proj_cli fp8proj_tp_tests >"$R/build.log" 2>&1 ||
     { grep -E "error|Error" "$R/build.log" | head -40; exit 1; }

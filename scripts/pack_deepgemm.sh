@@ -6,7 +6,7 @@
 #
 #   DEEPGEMM_GIT=... CUTLASS_GIT=... FMT_GIT=... bash scripts/pack_deepgemm.sh [DEEPGEMM_COMMIT]
 #
-# DEEPGEMM_COMMIT defaults to the one measured in bench/results/h200/deepgemm/ (54e2261); the
+# DEEPGEMM_COMMIT defaults to the one measured in bench/results/deepgemm/ (54e2261); the
 # CUTLASS and fmt commits are read from its submodule entries.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -10,15 +10,17 @@ draws a PNG (or SVG/PDF: the extension of -o decides).
              bands: the buckets where policy `all` runs FP8.
   bench CSV  the FP8 path (quantization included), the FP8 GEMM alone, and the gated call.
   compare CSV (scripts/compare_deepgemm.py) GEMM only: ours and DeepGEMM in the same run, and
-             DeepGEMM's ratio in DESIGN.md's table; no threshold (the GEMM has none).
+             DeepGEMM's ratio in the reference table (docs/design.md); no threshold (the GEMM has none).
 
 Marked in every panel: speedup 1 (grey), the 3% margin (dotted), the reference design's fixed
 M > 512 (dashed), and the tuned threshold (red; from the tune CSV, from --table, or, for a bench
 CSV without --table, where the gate's path switches to FP8 for good).
 
 Usage (matplotlib is a tool dependency, not a test one: `pip install matplotlib`):
-  python3 scripts/plot_speedup.py bench/results/h200-tune.csv -o bench/results/h200-speedup.png
-  python3 scripts/plot_speedup.py bench.csv --table configs/nvidia-h200.json -o bench-speedup.png
+  python3 scripts/plot_speedup.py tune.csv -o tune-speedup.png
+  python3 scripts/plot_speedup.py bench/results/gemm-vs-cublas/bench.csv --table configs/nvidia-h200.json \
+      -o bench/results/gemm-vs-cublas/bench-speedup.png
+  python3 scripts/plot_speedup.py bench/results/deepgemm/run1/compare_deepgemm.csv -o speedup-vs-deepgemm.png
 """
 import argparse
 import csv
@@ -111,11 +113,11 @@ def series_from_compare(rows):
     for r in rows:
         label = f'{r["shape"]} {r["n"]}x{r["k"]}'
         s = shapes.setdefault(label, {"n": int(r["n"]), "k": int(r["k"]), "threshold": None, "main": "ours",
-                                      "lines": {"ours": [], "DeepGEMM (same run)": [], "DeepGEMM (DESIGN.md)": []}})
+                                      "lines": {"ours": [], "DeepGEMM (same run)": [], "DeepGEMM (reference table)": []}})
         m = int(r["m"])
         s["lines"]["ours"].append((m, float(r["ours_ratio"])))
         s["lines"]["DeepGEMM (same run)"].append((m, float(r["deepgemm_ratio"])))
-        s["lines"]["DeepGEMM (DESIGN.md)"].append((m, float(r["design_deepgemm_ratio"])))
+        s["lines"]["DeepGEMM (reference table)"].append((m, float(r["design_deepgemm_ratio"])))
     for s in shapes.values():
         for name in s["lines"]:
             s["lines"][name].sort()

@@ -12,9 +12,9 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOOL = os.path.join(HERE, "..", "..", "scripts", "deepgemm_spread.py")
 FIELDS = ["shape", "n", "k", "m", "deepgemm_ratio", "ours_ratio", "design_deepgemm_ratio"]
-# (n, k, m, DESIGN.md's ratio); an off-table M (design "None") must be ignored.
+# (n, k, m, the reference table's ratio); an off-table M (design "None") must be ignored.
 POINTS = [(4096, 2048, 16, 1.34), (4096, 2048, 64, 1.30), (6144, 16384, 8192, 2.01)]
-# DeepGEMM / DESIGN.md per pooled run and point.
+# DeepGEMM / the table per pooled run and point.
 DG = [[0.90, 1.02, 0.95], [0.92, 0.98, 0.94], [0.88, 1.00, 0.93]]
 
 
@@ -44,7 +44,7 @@ def main():
             write(os.path.join(tmp, "pool", f"r{i}", "compare_deepgemm.csv"), dg, [1.0] * 3)
         # A partial run (an A/B over a few points): not part of the pool.
         write(os.path.join(tmp, "pool", "partial", "compare_deepgemm.csv"), [0.5] * 3, [1.0] * 3, drop_last=True)
-        # Ours, one run: over DESIGN.md 0.99, 1.05, 0.96; its own DeepGEMM run 0.91, 1.00, 0.94.
+        # Ours, one run: over the table 0.99, 1.05, 0.96; its own DeepGEMM run 0.91, 1.00, 0.94.
         ours = [0.99, 1.05, 0.96]
         write(os.path.join(tmp, "ours", "run1", "compare_deepgemm.csv"), [0.91, 1.00, 0.94], ours)
         out_csv = os.path.join(tmp, "spread.csv")
@@ -66,14 +66,14 @@ def main():
             check(f"M={m} ours/median", float(r["ours_over_dg_median_min"]), ours[i] / med)
         text = res.stdout
         # Every run below at M = 16 and M = 8192; medians below at the same two.
-        for want in ("Below its DESIGN.md entry in every run: 2 points", "its median below the entry: 2 points",
-                     ">= DESIGN.md at 1,", ">= DeepGEMM same run at 3,", ">= DeepGEMM's median at 3,"):
+        for want in ("Below its table entry in every run: 2 points", "its median below the entry: 2 points",
+                     ">= the table at 1,", ">= DeepGEMM same run at 3,", ">= DeepGEMM's median at 3,"):
             if want not in text:
                 print(f"FAIL report lacks {want!r}:\n{text}")
                 bad += 1
         geo = math.exp(sum(math.log(x) for x in ours) / 3)
         if f"geomean {geo:.4f}; >= DeepGEMM same run" not in text:
-            print(f"FAIL geometric mean over DESIGN.md {geo:.4f} not in:\n{text}")
+            print(f"FAIL geometric mean over the table {geo:.4f} not in:\n{text}")
             bad += 1
         # A run to judge that lacks a point is refused, not silently judged on fewer points.
         write(os.path.join(tmp, "short", "run1", "compare_deepgemm.csv"), [1.0] * 3, [1.0] * 3, drop_last=True)

@@ -1,4 +1,4 @@
-// Reading model weights from safetensors checkpoints (DESIGN.md part 6).
+// Reading model weights from safetensors checkpoints (docs/design.md, "Parts").
 //
 // The format (https://github.com/huggingface/safetensors): an 8-byte little-endian header
 // length n, n bytes of JSON mapping each tensor name to {dtype, shape, data_offsets} (plus an

@@ -1,5 +1,5 @@
 // The MLA attention block (DeepSeek-V2/V3, GLM-5) with its two tagged projections, q_b_proj
-// and o_proj, on the gated FP8 path (DESIGN.md part 5). Host (the CPU reference) and device.
+// and o_proj, on the gated FP8 path (docs/design.md). Host (the CPU reference) and device.
 //
 // Per rank (heads split over tp_size ranks; H = heads / tp_size local heads), T tokens:
 //
@@ -78,7 +78,7 @@ struct MlaConfig {
   float rms_norm_eps = 1e-6f;
   int tp_size = 1, tp_rank = 0;
 
-  // "glm5", "deepseek-v3", "deepseek-v2-lite" (dimensions in DESIGN.md).
+  // "glm5", "deepseek-v3", "deepseek-v2-lite" (dimensions in models.hpp).
   static MlaConfig preset(std::string_view model, int tp_size = 1, int tp_rank = 0);
   static std::vector<std::string> preset_names();
 

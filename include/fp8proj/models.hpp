@@ -1,4 +1,4 @@
-// The projection shapes that matter (DESIGN.md), per model and tensor-parallel size.
+// The projection shapes that matter (docs/design.md, "Parts"), per model and tensor-parallel size.
 #pragma once
 
 #include <cstdint>

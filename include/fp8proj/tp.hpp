@@ -1,4 +1,4 @@
-// Tensor parallelism (DESIGN.md part 7): how the two gated projections of MLA split across
+// Tensor parallelism (docs/design.md): how the two gated projections of MLA split across
 // R ranks, the NCCL communicator that sums the row-parallel partials, and a projection layer
 // that holds one rank's shard.
 //

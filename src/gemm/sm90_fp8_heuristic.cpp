@@ -24,15 +24,15 @@ constexpr double kSmDramSwapBytesPerUs = 6.0e4;  // the swap-AB kernel: 2.7 TB/s
 constexpr double kLaunchUs = 3.0;                // launch + prologue + first TMA round trip
 constexpr double kUnitOverheadUs = 0.25;         // epilogue sync + store issue per unit
 // _c configurations: half of a carried epilogue stays on the critical path, and the carry
-// itself costs ~0.4 us per unit. Refit (tenth session) on the eighth session's `fp8proj tune`
-// measurements (994 problems, every candidate, bench/results/h200/session8/tune/tune.csv.gz):
-// with today's kernels _c runs 2-4% slower than its plain twin at K = 1536/2048 (e.g. 256x128 at
-// 16384x2048, M = 1024: 62.4 vs 60.9 us) and within +-1% from K = 4096 on; the fourth
-// session's fit (0.05 us) made the heuristic carry wherever it could.
+// itself costs ~0.4 us per unit. Fit on `fp8proj tune` measurements of every candidate on the
+// H200 (994 problems; tests/data/ holds the six model shapes' share, checked by a CPU test):
+// _c runs 2-4% slower than its plain twin at K = 1536/2048 (e.g. 256x128 at 16384x2048,
+// M = 1024: 62.4 vs 60.9 us) and within +-1% from K = 4096 on; a cost of 0.05 us per unit
+// made the heuristic carry wherever it could (regret 2.5% at M > 512 instead of 0.3%).
 constexpr double kCarryEpilogueShare = 0.5;
 constexpr double kCarryUnitUs = 0.4;
 // A split-K unit's hand-over: partial to global memory, fence, counter atomic, and for the last
-// split the wait for and read of the others. H200 (harness_design.log, 2026-11-30): splitting
+// split the wait for and read of the others. H200 (GEMM harness, every configuration): splitting
 // swap-AB m16..m64 tiles cost 0.6-1.6 us per launch where the model expected a gain.
 constexpr double kSplitUnitUs = 1.5;
 constexpr int kMaxSplitK = 32;
@@ -41,7 +41,7 @@ constexpr int64_t kMaxWorkspaceBytes = int64_t{256} << 20;
 // Fraction of the FP8 peak the main loop sustains when compute-bound (rough, per kernel
 // shape: one consumer warpgroup cannot hide its own promotion; narrow WGMMA N runs the
 // tensor cores below peak).
-// H200 run 1 (2026-11-30): 128x128 and 256x128 sustained 1100-1340 TFLOP/s at large M
+// H200: 128x128 and 256x128 sustained 1100-1340 TFLOP/s at large M
 // (0.56-0.68 of the 1979 peak, clocks included), DeepGEMM 1300-1475 with wider tiles and
 // 2-CTA multicast. Narrower N (96/112) costs tensor throughput per tile but fills 132 SMs at
 // M = 128-512 where 128-wide tiles leave 27-58% of them idle. Multicast mostly relieves L2
@@ -50,10 +50,10 @@ double tensor_efficiency(const Config& c) {
   if (c.kind == KernelKind::kGemm1d2d) {
     // One warpgroup waits for its own WGMMAs before promoting; narrow N runs the tensor
     // cores below peak (m64n32: a quarter of the work per instruction of m64n128).
-    // Third session: the one-warpgroup loop keeps two K blocks in flight (3-23% faster).
+    // The one-warpgroup loop keeps two K blocks in flight (3-23% faster; docs/kernels.md).
     if (c.math_wgs == 1) return c.block_n >= 128 ? 0.62 : (c.block_n >= 64 ? 0.50 : 0.30);
     // 128x192 and 256x128 refit with the carry (above): per tile in steady state at
-    // 4096x4096x2048 (globaltimer trace, tenth session) 128x192 does 6% more MACs per us than
+    // 4096x4096x2048 (per-CTA globaltimer trace) 128x192 does 6% more MACs per us than
     // 256x128 (8.93 us per 24576 outputs vs 12.58 per 32768); the refit cuts the heuristic's
     // regret against the best measured configuration at M > 512 from 2.5% to 0.3% (geometric
     // mean over 492 problems).
@@ -63,9 +63,9 @@ double tensor_efficiency(const Config& c) {
     else if (c.block_m == 256) e = 0.80;
     else if (c.block_n >= 192) e = 0.84;
     else if (c.block_n >= 160) e = 0.78;
-    // H200 (2026-11-30, second session): with the peer arrivals at .cta release scope (no
+    // H200: with the peer arrivals at .cta release scope (no
     // MEMBAR.GPU per arrival, ptx/cluster.cuh) the cluster variants run within 1-3% of their
-    // plain twins in short bursts (harness_design.log); the model rates them 2% lower so that
+    // plain twins in short bursts (GEMM harness); the model rates them 2% lower so that
     // the heuristic keeps the simpler kernel and the tuner decides.
     if (c.cluster > 1) e *= 0.98;
     return e;
@@ -190,7 +190,7 @@ Model model(const Config& c, const Problem& p) {
   const int64_t m_pad = g.m_tiles * c.block_m;
   const int64_t bytes = p.n * p.k + p.m * p.k + 2 * p.m * p.n + 4 * (p.n / 128) * kb +
                         4 * p.m * kb + (g.splits > 1 ? 4 * m_pad * p.n * g.splits : 0);
-  // Per-SM streaming rate (H200, third session, 6144x16384 at M = 16): the swap-AB kernel
+  // Per-SM streaming rate (H200, 6144x16384 at M = 16): the swap-AB kernel
   // 57 GB/s (48 CTAs, 37 us); the 64-row tiles, of which 16 rows exist, 8-45 GB/s from n32 to
   // n112 (40-64 us): they are rated at half the rate there.
   const double sm_dram = c.kind == KernelKind::kSwapAB ? kSmDramSwapBytesPerUs

@@ -175,11 +175,11 @@ int raster_group_m(const Config& cfg, const Problem& p);
 
 // L2 policy of the 1d2d kernel's weight (B) loads: evict-first while at most 4 M blocks read
 // each of its tiles, else none. Evict-first spares the dirty lines a model's L2 is full of when
-// the weight streams through once (small M: 7-16% faster, bench/results/h200/session8/); when 5+
-// M blocks read every tile it evicts the tile between its readers and the weight comes from DRAM
-// again: on weights the L2 holds, the 2-CTA cluster tiles at K <= 2048 ran 1.5-4% slower
-// (session15/); on the 96 / 112 MiB ones (K = 16384) the kernel read 14% more DRAM bytes
-// (6144 x 16384, M = 4096: 615 vs 532 MB; +0.2% without the policy, session16/).
+// the weight streams through once (small M: 7-16% faster); when 5+ M blocks read every tile
+// it evicts the tile between its readers and the weight comes from DRAM again: on weights the
+// L2 holds, the 2-CTA cluster tiles at K <= 2048 ran 1.5-4% slower; on the 96 / 112 MiB ones
+// (K = 16384) the kernel read 14% more DRAM bytes (6144 x 16384, M = 4096: 615 vs 532 MB; +0.2%
+// without the policy). docs/kernels.md has the measurements.
 bool weight_evict_first(const Config& cfg, const Problem& p);
 
 }  // namespace fp8proj::sm90

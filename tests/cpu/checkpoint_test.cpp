@@ -419,7 +419,7 @@ TEST(MlaCheckpointNames, HuggingFaceNamesAndDesignShapes) {
   EXPECT_EQ(mla_tensor_name(61, MlaTensor::kv_a_proj_with_mqa), "model.layers.61.self_attn.kv_a_proj_with_mqa.weight");
   EXPECT_EQ(mla_tensor_name(0, MlaTensor::q_a_layernorm), "model.layers.0.self_attn.q_a_layernorm.weight");
   using S = std::vector<int64_t>;
-  // DESIGN.md's shape table (TP1).
+  // The model shapes at TP 1 (docs/design.md).
   const MlaDims glm5{6144, 64, 2048, 512, 192, 64, 256};
   EXPECT_EQ(mla_tensor_shape(glm5, MlaTensor::q_b_proj), (S{16384, 2048}));
   EXPECT_EQ(mla_tensor_shape(glm5, MlaTensor::o_proj), (S{6144, 16384}));

@@ -355,7 +355,7 @@ TEST(MlaCpu, PrefillMatchesNaiveFp64) {
   // each <= 2^-9 relative per element (~1.1e-3 RMS): a few 1e-3 in all.
   EXPECT_LT(err[0], 1e-2);
   // Flag on: 1x128 / 128x128 e4m3 quantization of two GEMMs' operands (~3.7% relative each on
-  // Gaussian data, DESIGN.md), partly averaged out by the attention.
+  // Gaussian data, docs/design.md), partly averaged out by the attention.
   EXPECT_GT(err[1], err[0]);
   EXPECT_LT(err[1], 8e-2);
 }

@@ -16,7 +16,7 @@
 namespace fp8proj::sm90 {
 namespace {
 
-// The target shapes (N x K of one tensor-parallel shard) and the M range of DESIGN.md.
+// The target shapes (N x K of one tensor-parallel shard) and the M range of docs/design.md.
 const std::vector<std::pair<int64_t, int64_t>> kShapes = {
     {16384, 2048}, {8192, 2048}, {4096, 2048},  {2048, 2048},  {6144, 16384}, {6144, 8192},
     {6144, 4096},  {6144, 2048}, {24576, 1536}, {12288, 1536}, {6144, 1536},  {3072, 1536},
@@ -60,7 +60,7 @@ TEST(Sm90Fp8Heuristic, FamilyNamesRoundTrip) {
 TEST(Sm90Fp8Heuristic, CarryConfigsNeedTwoTilesPerCta) {
   // A carried K block can pay only when a CTA has a next tile: offered from 2 tiles per SM.
   // The model hides half of every carried epilogue but the CTA's last and charges 0.4 us per
-  // carried unit (refit in the tenth session: with today's kernels _c is 2-4% slower than its
+  // carried unit (fit on the tuner's H200 measurements: _c is 2-4% slower than its
   // plain twin at K <= 2048), so the heuristic no longer carries at short K; the tuner still
   // measures _c wherever it is offered.
   auto has_carry = [](const Problem& p) {
@@ -279,16 +279,16 @@ TEST(Sm90Fp8Heuristic, SwapAB64RowTileHasNoSplitK) {
 }
 
 // The heuristic against measurements: FP8PROJ_H200_TUNE_TIMES holds the time of every sm90
-// configuration that `fp8proj tune` measured on DESIGN.md's six shapes (tenth session, H200:
-// 355 problems, M = 1..32768 at the tuner's bucket points; events, L2 flushed before every call,
-// interleaved with the bf16 baseline -- the regime of DESIGN.md's table). Every pick must have
-// been measured (a new kernel needs a new tune), and its time over the fastest, on the geometric
-// mean, must stay within 1.5% at M > 512 (the refit heuristic: 0.7%; the fourth session's carry
-// model, which carried wherever it could: 3.0%) and 5% over all M (3.4%; below M = 512 the tuned
-// table decides, not the heuristic). The earlier version of this test used burst timings of the
-// harness (15 back-to-back calls per configuration): at large M those run at the 700 W cap for
-// long stretches and favour the carried 256x128 tiles by 6-9% at K = 16384, which the interleaved
-// measurements (and the DeepGEMM comparison) do not reproduce.
+// configuration that `fp8proj tune` measured on the six model shapes (tests/data/README.md,
+// H200: 355 problems, M = 1..32768 at the tuner's bucket points; events, L2 flushed before every
+// call, interleaved with the bf16 baseline -- the regime of the DeepGEMM comparison). Every pick
+// must have been measured (a new kernel needs a new tune), and its time over the fastest, on the
+// geometric mean, must stay within 1.5% at M > 512 (the heuristic: 0.7%; a carry model that
+// carried wherever it could: 3.0%) and 5% over all M (3.4%; below M = 512 the tuned table
+// decides, not the heuristic). Burst timings of the harness (15 back-to-back calls per
+// configuration) are not used: at large M those run at the 700 W cap for long stretches and
+// favour the carried 256x128 tiles by 6-9% at K = 16384, which the interleaved measurements (and
+// the DeepGEMM comparison) do not reproduce.
 TEST(Sm90Fp8Heuristic, PicksAgainstH200Measurements) {
   std::ifstream f(FP8PROJ_H200_TUNE_TIMES);
   ASSERT_TRUE(f.good()) << FP8PROJ_H200_TUNE_TIMES;

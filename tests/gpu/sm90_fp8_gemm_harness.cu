@@ -30,8 +30,8 @@
 // Usage: sm90_fp8_gemm_harness [--quick] [--no-timing] [--config NAME[,NAME...]] [--mnk M,N,K]
 //                              [--shapes all|design|correctness] [--reps N] [--floor]
 //   default (all): the 16 target N x K shapes at M in {1,16,64,128,256,512,1024,4096,8192,32768}.
-//   design: DESIGN.md's DeepGEMM table, 6 shapes x M in {16,...,32768} (66 problems; ~1-2
-//   min on an H200 with --reps 15).
+//   design: the reference table's points (docs/design.md), 6 shapes x M in {16,...,32768}
+//   (66 problems; ~1-2 min on an H200 with --reps 15).
 // Build (one line):
 //   nvcc -std=c++20 -O3 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -Iinclude -Isrc
 //        tests/gpu/sm90_fp8_gemm_harness.cu src/cuda/gemm/sm90_fp8_gemm.cu
@@ -597,8 +597,8 @@ int main(int argc, char** argv) {
                       // workspace, as one plan's calls at different M do (2 x 48 tiles after 48).
                       {128, 6144, 16384}};
     } else if (opt.shapes == "correctness") {
-      // The correctness sweep of the sm90 issue: M tails around every tile height, on DESIGN.md's
-      // shapes and on N, K samples from 128 up to 24576 x 16384 (M capped at 4097 there: the
+      // The correctness sweep: M tails around every tile height, on the six model shapes of the
+      // reference table and on N, K samples up to 24576 x 16384 (M capped at 4097 there: the
       // fp32 reference of 32768 x 24576 x 16384 alone would take most of a minute).
       const std::vector<std::array<int64_t, 2>> shapes = {{16384, 2048}, {4096, 2048},  {6144, 16384},
                                                           {6144, 4096},  {24576, 1536}, {7168, 16384},
@@ -608,7 +608,7 @@ int main(int argc, char** argv) {
         for (int64_t m : {1, 2, 3, 5, 17, 63, 64, 65, 127, 129, 255, 300, 1000, 4097, 32768})
           if (!(nk[0] == 24576 && nk[1] == 16384 && m > 4097)) opt.problems.push_back({m, nk[0], nk[1]});
     } else if (opt.shapes == "design") {
-      // DESIGN.md "Where the bar is": GLM-5 q_b TP1/TP4, o TP1/TP4, DeepSeek-V3 q_b, o (TP1).
+      // The reference table (docs/design.md): GLM-5 q_b and o at TP1/TP4, DeepSeek-V3 q_b, o (TP1).
       const std::vector<std::array<int64_t, 2>> shapes = {{16384, 2048}, {4096, 2048},  {6144, 16384},
                                                           {6144, 4096},  {24576, 1536}, {7168, 16384}};
       for (const auto& nk : shapes)

@@ -47,16 +47,16 @@
 //     clips rows >= M and columns >= N, and its loads zero-fill them (A rows, A scales, B
 //     rows), so tails need no code. Storing from registers instead (4-byte st.global, no
 //     staging tile, its 48 KB as a 5th stage) measured 0.86x: each store instruction touches
-//     8 rows, many more L1 wavefronts than stmatrix + one TMA store (session12/ under
-//     bench/results/h200/). kCarry ("_c" configurations) goes further: each warpgroup issues
+//     8 rows, many more L1 wavefronts than stmatrix + one TMA store (docs/kernels.md).
+//     kCarry ("_c" configurations) goes further: each warpgroup issues
 //     K block 0 of its next tile before storing this one, and promotes it (scale-block
 //     boundary chosen at run time) after the epilogue.
 //   Pipeline: kStages full/empty mbarrier pairs; see ptx/mbarrier.cuh for the protocol. An L2
 //     prefetch (cp.async.bulk.prefetch.tensor) of the K block a pipeline depth ahead was
 //     measured at 0.77x: the extra L2 requests cost more than the latency they hide
-//     (bench/results/h200/session9/). Starting every other CTA half a tile late, so that tile
+//     (docs/kernels.md). Starting every other CTA half a tile late, so that tile
 //     boundaries do not coincide, measured 0.99x (0.87-0.96x at K = 16384): CTAs in step share
-//     their A and B tiles in the L2 (session12/).
+//     their A and B tiles in the L2 (docs/kernels.md).
 //   Deterministic: every output element is produced by one CTA, in a fixed K order.
 #pragma once
 
@@ -151,7 +151,7 @@ struct Gemm1d2dTraits {
 
 // The kernel T compiled for K = 128 * kKb: its K loops have constant trip counts (no
 // remainder code in the unrolled main loop) and its B-scale set a constant size, as DeepGEMM
-// gets by compiling each shape at run time. H200 (bench/results/h200/ab/14): 1-3% faster for
+// gets by compiling each shape at run time. H200 (docs/kernels.md): 1-3% faster for
 // m256n128 and m128n192 at K = 2048. The carried 256x128 kernel is not compiled this way: with
 // a constant trip count ptxas spills 160-176 B and serializes its WGMMAs (C7515). The launcher
 // runs it for that K only (the kernel traps on any other).

@@ -14,7 +14,7 @@
 //     memory. A CTA cannot stream faster than its WGMMAs consume: at N = 16 a 128-row K block
 //     (8 x m64n16k32) takes its consumers ~0.2 us whether the MMAs chain or not (~50 cycles
 //     each, however little they compute), so 32 CTAs took 3.1 us for what HBM delivered in 2.3
-//     (session 13 trace); with 64 CTAs the consumers keep up (-0.35 us, 4096 x 2048, M = 16).
+//     (per-CTA trace); with 64 CTAs the consumers keep up (-0.35 us, 4096 x 2048, M = 16).
 //
 // Layouts as in sm90_fp8_gemm_1d2d.cuh:
 //   A [M,K] e4m3 (K,1); sa [K/128][lda_s] fp32 (1,lda_s); B [N,K] e4m3 (K,1);
@@ -68,8 +68,8 @@ struct SwapABTraits {
   // + 2, ...; warpgroup 1 hands its sums to warpgroup 0 through shared memory (kSmemRed), and
   // warpgroup 0 stores the tile. Twice the CTAs of BLOCK_W = 128 on the same weight, without
   // split-K's hand-over through global memory: a CTA's pace at M = 16 is set by its WGMMAs
-  // (~0.2 us per 128-row K block, 8 x m64n16k32), so 32 CTAs (N = 4096) fall behind HBM (session
-  // 13 trace: stages landed up to 0.9 us before the consumers got to them).
+  // (~0.2 us per 128-row K block, 8 x m64n16k32), so 32 CTAs (N = 4096) fall behind HBM (a
+  // per-CTA trace: stages landed up to 0.9 us before the consumers got to them).
   static constexpr bool kAltK = BLOCK_W == 64;
   static constexpr uint32_t kEmptyArrivals = kAltK ? 4 : 8;  // consumer warps that read a stage
 
@@ -248,7 +248,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         // ---- epilogue: bf16 straight from the registers (a tile is at most TOK x 64 x 2 B) ----
         // Thread's values: weight rows (D columns) 16 warp + lane / 4 (+ 8 for j >= 2), tokens (D
         // rows) 8 i + 2 (lane % 4) + j % 2; 8 lanes store 16 contiguous bytes of one D row. No
-        // staging tile, fence, barrier or TMA store: -0.1 us at M = 16 (session 13 trace).
+        // staging tile, fence, barrier or TMA store: -0.1 us at M = 16 (per-CTA trace).
         const uint32_t col = n_tile * BLOCK_W + warp_in_wg * 16 + lane / 4;
 #pragma unroll
         for (int i = 0; i < kAcc / 4; ++i) {

@@ -40,11 +40,11 @@ __device__ __forceinline__ void tma_load_2d(void* smem_dst, const CUtensorMap* m
 // and every eviction is a DRAM write-back competing with the weight stream: on an H200 after
 // a 120 MB write, TMA streams 117 MB at 3.06 TB/s, 3.35 TB/s evict-first, 3.80 TB/s from a
 // clean L2 (sm90_fp8_gemm_harness --floor); the GEMMs gain 7-16% at M <= 256. An explicit
-// evict_normal policy (createpolicy) cost 5-17% at large M (bench/results/h200/session8/).
+// evict_normal policy (createpolicy) cost 5-17% at large M (docs/kernels.md).
 // Where 5+ M blocks read every weight tile, the 1d2d kernels load it with no policy instead
 // (weight_evict_first(), sm90_fp8_heuristic.hpp): evict-first evicted tiles between their
-// readers (session15/: +0.45% over 18 such points of DESIGN.md's table on weights the L2
-// holds; session16/: 14% fewer DRAM bytes, +0.16% on the 96 / 112 MiB weights).
+// readers (+0.45% over 18 such points of the model shapes with K <= 4096; at 6144 x 16384,
+// M = 4096, 615 -> 532 MB read from DRAM, +0.16% over the K = 16384 points; docs/kernels.md).
 __device__ __forceinline__ uint64_t l2_policy_evict_first() {
   uint64_t policy;
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
@@ -79,7 +79,7 @@ __device__ __forceinline__ void bulk_commit_group() {
 // outlive the reads; the global writes still in flight complete before the grid does, and
 // the next kernel in the stream sees them). Waiting for the writes themselves before exiting
 // (wait_group without .read) only put a write round trip on every kernel's tail: 0.7% on the
-// geometric mean over M <= 512, up to 3% at M = 16..128 (bench/results/h200/session9/).
+// geometric mean over M <= 512, up to 3% at M = 16..128 (docs/kernels.md).
 template <int N>
 __device__ __forceinline__ void bulk_wait_group_read() {
   asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");

@@ -82,6 +82,16 @@ FP8PROJ_C_EXPORT int fp8proj_quantize_weight(const void* w, int64_t n, int64_t k
  * at creation (the one synchronising call), and workspaces for max_tokens rows. */
 typedef struct fp8proj_projection fp8proj_projection;
 
+/* Activation scratch several projections can share (their calls must be ordered: one stream),
+ * so that a model holds one workspace, not one per layer: e4m3 + scales for max_tokens rows of
+ * up to max_k columns, and bf16 rows for the unfused RMSNorm when with_bf16_rows. */
+typedef struct fp8proj_workspace fp8proj_workspace;
+FP8PROJ_C_EXPORT int fp8proj_workspace_create(int64_t max_tokens, int64_t max_k, int with_bf16_rows,
+                                              fp8proj_workspace** out);
+FP8PROJ_C_EXPORT int fp8proj_workspace_bytes(const fp8proj_workspace* ws, size_t* bytes);
+/* Projections made with it keep it alive; NULL is ignored. */
+FP8PROJ_C_EXPORT void fp8proj_workspace_destroy(fp8proj_workspace* ws);
+
 typedef struct fp8proj_projection_options {
   const char* name;        /* shown in logs and explain(); NULL = "projection" */
   int enabled;             /* FP8 opt-in (0/1) */
@@ -92,6 +102,7 @@ typedef struct fp8proj_projection_options {
   int rmsnorm_input;       /* size the workspace for fp8proj_projection_forward_rmsnorm (0/1) */
   int apply_env;           /* the FP8PROJ_* knobs override these options (0/1) */
   const char* fp8_backend; /* NULL or "auto", or a backend name */
+  fp8proj_workspace* workspace; /* NULL = the projection owns one; else max_tokens comes from it */
 } fp8proj_projection_options;
 
 /* Fills *options with the defaults above (enabled 0, apply_env 1). */

@@ -24,6 +24,10 @@
 #include <cuda_runtime_api.h>
 #endif
 
+struct fp8proj_workspace {
+  std::shared_ptr<fp8proj::ActivationWorkspace> ws;
+};
+
 struct fp8proj_projection {
   std::unique_ptr<fp8proj::ProjectionLayer> layer;
 };
@@ -186,6 +190,7 @@ fp8proj_projection_options default_projection_options() {
   o.rmsnorm_input = 0;
   o.apply_env = 1;
   o.fp8_backend = nullptr;
+  o.workspace = nullptr;
   return o;
 }
 
@@ -208,6 +213,11 @@ void projection_create(const void* weight, int64_t n, int64_t k, const fp8proj_p
   po.rmsnorm_input = o.rmsnorm_input != 0;
   po.apply_env = o.apply_env != 0;
   if (o.fp8_backend && *o.fp8_backend) po.fp8_backend = o.fp8_backend;
+  if (o.workspace) {
+    FP8PROJ_CHECK(o.workspace->ws != nullptr, po.name, ": workspace handle is empty");
+    po.workspace = o.workspace->ws;
+    po.max_tokens = po.workspace->max_tokens();
+  }
   check_gpu(po.name.c_str());
   check_device_pointer(weight, "weight");
   auto p = std::make_unique<fp8proj_projection>();
@@ -274,6 +284,31 @@ int fp8proj_rmsnorm_quantize(const void* x, int64_t x_stride, const void* weight
 int fp8proj_quantize_weight(const void* w, int64_t n, int64_t k, void* values, float* scales, void* stream) {
   return fp8proj::guarded([&] { fp8proj::quantize_weight(w, n, k, values, scales, stream); });
 }
+
+int fp8proj_workspace_create(int64_t max_tokens, int64_t max_k, int with_bf16_rows, fp8proj_workspace** out) {
+  return fp8proj::guarded([&] {
+    FP8PROJ_CHECK(out != nullptr, "out (the handle's address) is null");
+    *out = nullptr;
+    FP8PROJ_CHECK(max_tokens > 0 && max_tokens % 4 == 0, "max_tokens must be a positive multiple of 4, got ",
+                  max_tokens);
+    FP8PROJ_CHECK(max_k > 0 && max_k % 128 == 0, "max_k must be a positive multiple of 128, got ", max_k);
+    fp8proj::check_gpu("workspace");
+    auto w = std::make_unique<fp8proj_workspace>();
+    w->ws = std::make_shared<fp8proj::ActivationWorkspace>(fp8proj::MemorySpace::device, max_tokens, max_k,
+                                                           with_bf16_rows != 0);
+    *out = w.release();
+  });
+}
+
+int fp8proj_workspace_bytes(const fp8proj_workspace* ws, size_t* bytes) {
+  return fp8proj::guarded([&] {
+    FP8PROJ_CHECK(ws != nullptr && ws->ws, "workspace handle is null");
+    FP8PROJ_CHECK(bytes != nullptr, "bytes is null");
+    *bytes = ws->ws->bytes();
+  });
+}
+
+void fp8proj_workspace_destroy(fp8proj_workspace* ws) { delete ws; }
 
 int fp8proj_projection_options_init(fp8proj_projection_options* options) {
   return fp8proj::guarded([&] {

@@ -89,6 +89,12 @@ TEST(CApiErrors, NullHandles) {
   EXPECT_TRUE(FailsWith(fp8proj_fp8_gemm_run(nullptr, host_bytes, nullptr, 4, 1, host_bytes, nullptr),
                         "handle is null"));
   EXPECT_TRUE(FailsWith(fp8proj_projection_options_init(nullptr), "options is null"));
+  EXPECT_TRUE(FailsWith(fp8proj_workspace_bytes(nullptr, &bytes), "handle is null"));
+  fp8proj_workspace* ws = nullptr;
+  EXPECT_TRUE(FailsWith(fp8proj_workspace_create(6, 128, 0, &ws), "multiple of 4"));
+  EXPECT_TRUE(FailsWith(fp8proj_workspace_create(8, 100, 0, &ws), "multiple of 128"));
+  EXPECT_EQ(ws, nullptr);
+  fp8proj_workspace_destroy(nullptr);
   fp8proj_projection_destroy(nullptr);  // ignored
   fp8proj_fp8_gemm_destroy(nullptr);
 }

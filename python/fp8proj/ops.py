@@ -54,6 +54,12 @@ def _check_tensor(t: torch.Tensor, op: str, what: str, dtype: torch.dtype, conti
         _check(t.is_contiguous(), op, f"{what} must be contiguous (shape {tuple(t.shape)}, strides {t.stride()})")
 
 
+def _check_cuda(op: str, **tensors) -> None:
+    # After the shape checks, so that those are testable (and reported) on any machine.
+    for what, t in tensors.items():
+        _check(t.is_cuda, op, f"{what} is on {t.device}; the fp8proj ops run on CUDA tensors")
+
+
 def _rows(x: torch.Tensor, op: str, what: str = "x") -> Tuple[int, int]:
     _check(x.dim() >= 1, op, f"{what} must have at least one dimension")
     k = x.shape[-1]
@@ -77,6 +83,7 @@ def _quantize_activation_cuda(x: torch.Tensor):
     _check_tensor(x, op, "x", _BF16)
     m, k = _rows(x, op)
     _check(k % 128 == 0 and k > 0, op, f"K={k} must be a positive multiple of 128 (1x128 scale groups)")
+    _check_cuda(op, x=x)
     values = torch.empty(x.shape, dtype=_E4M3, device=x.device)
     ld = _ceil4(m)
     scales = torch.empty((k // 128, ld), dtype=_F32, device=x.device)
@@ -97,6 +104,7 @@ def _rmsnorm_quantize_cuda(x: torch.Tensor, weight: torch.Tensor, eps: float):
     m, k = x2.shape
     _check(weight.shape == (k,), op, f"weight must have shape ({k},), got {tuple(weight.shape)}")
     _check(k % 128 == 0 and k > 0, op, f"K={k} must be a positive multiple of 128 (1x128 scale groups)")
+    _check_cuda(op, x=x, weight=weight)
     _check(weight.device == x.device, op, f"weight is on {weight.device}, x on {x.device}")
     values = torch.empty(x.shape, dtype=_E4M3, device=x.device)
     ld = _ceil4(m)
@@ -116,6 +124,7 @@ def _quantize_weight_cuda(w: torch.Tensor):
     _check_tensor(w, op, "w", _BF16)
     _check(w.dim() == 2, op, f"w must be 2-D [N, K], got shape {tuple(w.shape)}")
     n, k = w.shape
+    _check_cuda(op, w=w)
     values = torch.empty((n, k), dtype=_E4M3, device=w.device)
     scales = torch.empty((_ceil128(n), _ceil128(k)), dtype=_F32, device=w.device)
     if n == 0 or k == 0:
@@ -172,6 +181,7 @@ def _fp8_gemm_cuda(xv: torch.Tensor, xs: torch.Tensor, wv: torch.Tensor, ws: tor
            f"xs must be [K/128={_ceil128(k)}, ld >= M={m}, ld a multiple of 4], got {tuple(xs.shape)}")
     _check(tuple(ws.shape) == (_ceil128(n), _ceil128(k)), op,
            f"ws must be [{_ceil128(n)}, {_ceil128(k)}], got {tuple(ws.shape)}")
+    _check_cuda(op, xv=xv, xs=xs, wv=wv, ws=ws)
     y = torch.empty((m, n), dtype=_BF16, device=xv.device)
     if m == 0:
         return y
@@ -197,6 +207,7 @@ def _linear_cuda(x: torch.Tensor, weight: torch.Tensor, handle: int):
     _check_tensor(x, op, "x", _BF16)
     m, k = _rows(x, op)
     _check(k == p.k, op, f"x has K={k}, projection '{p.name}' has K={p.k}")
+    _check_cuda(op, x=x)
     _check(x.get_device() == p.device_index, op, f"x is on {x.device}, the projection on cuda:{p.device_index}")
     y = torch.empty(x.shape[:-1] + (p.n,), dtype=_BF16, device=x.device)
     if m and p.forward_fn(p.handle, x.data_ptr(), m, y.data_ptr(), _raw_stream(p.device_index)):
@@ -214,6 +225,8 @@ def _rmsnorm_linear_cuda(x: torch.Tensor, norm_weight: torch.Tensor, eps: float,
     m, k = x2.shape
     _check(k == p.k, op, f"x has K={k}, projection '{p.name}' has K={p.k}")
     _check(norm_weight.shape == (k,), op, f"norm_weight must have shape ({k},), got {tuple(norm_weight.shape)}")
+    _check_cuda(op, x=x, norm_weight=norm_weight)
+    _check(norm_weight.get_device() == p.device_index, op, f"norm_weight is on {norm_weight.device}")
     _check(x.get_device() == p.device_index, op, f"x is on {x.device}, the projection on cuda:{p.device_index}")
     y = torch.empty(x.shape[:-1] + (p.n,), dtype=_BF16, device=x.device)
     if m and p.forward_rmsnorm_fn(p.handle, x2.data_ptr(), x2.stride(0) if m > 1 else k, norm_weight.data_ptr(),

@@ -111,7 +111,11 @@ class _GatedBase(nn.Module):
         if self._proj is not None:
             self._fp8 = self._proj.has_fp8
             if not self._fp8:
-                self._why_bf16 = "the layer holds no FP8 copy: " + self._proj.explain(1 << 20).split(" -- ", 1)[-1]
+                try:
+                    why = self._proj.explain(4096).split(" -- ", 1)[-1]
+                except _lib.Fp8ProjError as e:
+                    why = str(e)
+                self._why_bf16 = "the layer holds no FP8 copy: " + why
         else:
             self._why_bf16 = why
             _say_once(why)

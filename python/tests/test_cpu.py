@@ -337,3 +337,16 @@ def test_transformers_patch_dsa_keeps_the_norm(cls_name):
     assert "indexer" in why or "other than" in why
     unpatch(model)
     assert type(attn.q_b_proj) is nn.Linear
+
+
+def test_bench_model_configs_have_the_attention_dims():
+    from fp8proj import bench
+    glm = bench.model_config("glm5")
+    assert (glm.hidden_size, glm.num_attention_heads, glm.q_lora_rank, glm.kv_lora_rank) == (6144, 64, 2048, 512)
+    assert (glm.qk_nope_head_dim, glm.qk_rope_head_dim, glm.v_head_dim) == (192, 64, 256)
+    v3 = bench.model_config("deepseek-v3")
+    assert (v3.hidden_size, v3.num_attention_heads, v3.q_lora_rank, v3.qk_nope_head_dim, v3.v_head_dim) == \
+        (7168, 128, 1536, 128, 128)
+    assert glm.first_k_dense_replace > glm.num_hidden_layers == 2  # dense layers only, no MoE
+    if not HAVE_GPU:
+        assert bench.main(["--out", "/nonexistent/never-written"]) == 2  # says why and exits

@@ -43,6 +43,18 @@ def _say_once(reason: str) -> None:
         log.warning("fp8proj: projections run bf16 (torch's matmul on the original weight): %s", reason)
 
 
+def _wants_grad(*tensors) -> bool:
+    # The FP8 ops have no backward: where autograd would need one, the module runs torch's bf16
+    # ops instead (exact gradients), and says so once. Inference runs under torch.no_grad() or
+    # torch.inference_mode() and never gets here.
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        if not torch.compiler.is_compiling():
+            _say_once("autograd is recording and the inputs require grad (the FP8 ops have no backward; run "
+                      "inference under torch.no_grad() or torch.inference_mode())")
+        return True
+    return False
+
+
 def _norm_eps(norm: nn.Module) -> float:
     for attr in ("variance_epsilon", "eps"):
         v = getattr(norm, attr, None)
@@ -197,7 +209,7 @@ class Fp8ProjLinear(_GatedBase):
                    decode_ceiling=decode_ceiling, max_tokens=max_tokens, fp8_backend=fp8_backend, workspace=workspace)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self._fp8 or x.dtype != _BF16:
+        if not self._fp8 or x.dtype != _BF16 or _wants_grad(x, self.weight):
             return F.linear(x, self.weight, self.bias)
         x = x.contiguous()
         if torch.compiler.is_compiling():
@@ -270,7 +282,7 @@ class Fp8ProjRMSNormLinear(_GatedBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         nw = self._norm.weight
-        if not self._fp8 or x.dtype != _BF16 or nw.dtype != _BF16:
+        if not self._fp8 or x.dtype != _BF16 or nw.dtype != _BF16 or _wants_grad(x, self.weight, nw):
             return F.linear(self._norm(x), self.weight, self.bias)
         if x.stride(-1) != 1:
             x = x.contiguous()

@@ -125,6 +125,7 @@ def test_compile_aot_traces_fake_impls():
     assert y.shape == (6, 128) and xv.dtype == E4M3 and xs.shape == (2, 8)
 
 
+@torch.no_grad()
 def test_compile_fullgraph_module_traces_the_op():
     # The module's compiled path with a (stand-in) FP8 layer: the op is one node, no graph break.
     torch._dynamo.reset()

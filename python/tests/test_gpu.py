@@ -19,6 +19,12 @@ BF16, E4M3, F32 = torch.bfloat16, torch.float8_e4m3fn, torch.float32
 
 
 @pytest.fixture(autouse=True)
+def _inference():
+    with torch.no_grad():
+        yield
+
+
+@pytest.fixture(autouse=True)
 def _no_env_knobs(monkeypatch):
     for k in ("FP8PROJ_PREFILL_FP8", "FP8PROJ_MIN_FP8_TOKENS", "FP8PROJ_DECODE_CEILING", "FP8PROJ_FP8_BACKEND"):
         monkeypatch.delenv(k, raising=False)
@@ -127,6 +133,15 @@ def _fp8_linear(n=1024, k=512, bias=False, **kw):
     opts = dict(enabled=True, policy="all", threshold=0)
     opts.update(kw)
     return lin, Fp8ProjLinear.from_linear(lin, name="test.o_proj", **opts)
+
+
+def test_autograd_gets_the_bf16_path():
+    lin, mod = _fp8_linear()
+    x = torch.randn(4096, 512, dtype=BF16, device="cuda", requires_grad=True)
+    with torch.enable_grad():
+        y = mod(x)  # lin.weight requires grad and grad mode is on: torch's linear, with a backward
+        assert y.grad_fn is not None and torch.equal(y, lin(x))
+    assert mod(x).grad_fn is None and not torch.equal(mod(x), lin(x))
 
 
 @pytest.mark.parametrize("m", [1, 64, 4096])

@@ -1,6 +1,6 @@
 """Loads libfp8proj_c.so (the C ABI, include/fp8proj/c_api.h) through ctypes.
 
-The library sits next to this file in an installed package; FP8PROJ_C_LIB names another one
+The library sits next to this file in an installed package; FP8PROJ_PYTHON_LIB names another one
 (e.g. a build tree's build/src/libfp8proj_c.so). Every function object has its argtypes and
 restype set once here, so a call costs one ctypes dispatch and no per-call type inference.
 A C call that returns -1 becomes Fp8ProjError carrying fp8proj_last_error()'s message.
@@ -83,7 +83,7 @@ class _Lib:
 
 
 def _candidates() -> list:
-    env = os.environ.get("FP8PROJ_C_LIB")
+    env = os.environ.get("FP8PROJ_PYTHON_LIB")
     if env:
         return [env]
     return [str(_HERE / _NAME)]

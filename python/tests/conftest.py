@@ -1,4 +1,4 @@
-"""Shared fixtures. The tests import the installed package (pip install .); with FP8PROJ_C_LIB
+"""Shared fixtures. The tests import the installed package (pip install .); with FP8PROJ_PYTHON_LIB
 set they also run from the source tree (PYTHONPATH=python)."""
 import pytest
 import torch

@@ -19,6 +19,7 @@ op torch.ops.fp8proj.linear / rmsnorm_linear, so graphs have no break.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Optional
 
 import torch
@@ -41,6 +42,15 @@ def _say_once(reason: str) -> None:
     if reason not in _said:
         _said.add(reason)
         log.warning("fp8proj: projections run bf16 (torch's matmul on the original weight): %s", reason)
+
+
+def _fp8_wanted(enabled: bool) -> bool:
+    """The opt-in as the C++ layer reads it: FP8PROJ_PREFILL_FP8, when set, wins over `enabled`
+    (a malformed value counts as on, so that the layer is made and its error names the knob)."""
+    v = os.environ.get("FP8PROJ_PREFILL_FP8")
+    if v is None:
+        return bool(enabled)
+    return v.strip().lower() not in ("0", "off", "false", "no")
 
 
 def _wants_grad(*tensors) -> bool:
@@ -110,6 +120,11 @@ class _GatedBase(nn.Module):
         w = self.weight
         self._built_for = (w.data_ptr(), w.device, w.dtype)
         why = self._reason_no_layer()
+        if not why and not _fp8_wanted(self._options["enabled"]):
+            # No layer at all: it would hold a bf16 GEMM plan (and its 32 MiB cuBLASLt workspace)
+            # that this module never calls.
+            self._why_bf16 = "FP8 is off (enabled=False and FP8PROJ_PREFILL_FP8 unset or 0, the default)"
+            return
         if not why:
             ws = self._workspace
             if ws is not None and (ws.device_index != w.get_device() or ws.max_k < self.in_features or

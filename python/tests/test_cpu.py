@@ -351,3 +351,12 @@ def test_bench_model_configs_have_the_attention_dims():
     assert glm.first_k_dense_replace > glm.num_hidden_layers == 2  # dense layers only, no MoE
     if not HAVE_GPU:
         assert bench.main(["--out", "/nonexistent/never-written"]) == 2  # says why and exits
+
+
+def test_opt_in_reads_the_knob_like_cpp(monkeypatch):
+    from fp8proj.torch import _fp8_wanted
+    monkeypatch.delenv("FP8PROJ_PREFILL_FP8", raising=False)
+    assert _fp8_wanted(True) and not _fp8_wanted(False)
+    for v, want in (("0", False), ("off", False), ("1", True), ("prefill", True), ("all", True), ("bogus", True)):
+        monkeypatch.setenv("FP8PROJ_PREFILL_FP8", v)
+        assert _fp8_wanted(False) == want and _fp8_wanted(True) == want, v

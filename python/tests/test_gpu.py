@@ -155,7 +155,7 @@ def test_linear_op_bit_identical_to_the_layer(m):
     y_c = torch.empty_like(y_mod)
     assert _lib.LIB.fp8proj_projection_forward(ref.handle, x.data_ptr(), m, y_c.data_ptr(), _stream()) == 0
     assert _same(y_mod, y_c) and _same(y_op, y_c)
-    assert _rel(y_mod, lin(x)) < 0.06
+    assert _rel(y_mod, lin(x)) < 0.08  # e4m3 x and w: ~3.6% RMS each
     mem = mod.memory()
     assert mem["fp8_values"] == 1024 * 512 and mem["fp8_scales"] == 8 * 4 * 4
     assert mod.extra_memory_bytes() >= mem["fp8_values"] + mem["fp8_scales"]
@@ -165,7 +165,8 @@ def test_gate_by_m_and_the_default_off():
     lin, mod = _fp8_linear(policy="prefill", threshold=None)
     assert not mod.uses_fp8(1) and mod.uses_fp8(4096)
     off = Fp8ProjLinear.from_linear(lin, name="off")  # enabled=None: FP8PROJ_PREFILL_FP8 unset -> off
-    assert not off.uses_fp8(4096) and off.extra_memory_bytes() == 0
+    assert not off.uses_fp8(4096) and off.extra_memory_bytes() == 0 and off._proj is None
+    assert "FP8 is off" in off.explain(4096)
     x = torch.randn(4096, 512, dtype=BF16, device="cuda")
     assert torch.equal(off(x), lin(x))  # off is the original module, exactly
 
@@ -185,7 +186,7 @@ def test_fused_rmsnorm_linear_bit_identical():
     assert _lib.LIB.fp8proj_projection_forward_rmsnorm(ref.handle, x.data_ptr(), x.stride(0), norm.weight.data_ptr(),
                                                        mod.eps, 200, y_c.data_ptr(), _stream()) == 0
     assert _same(y, y_c)
-    assert _rel(y, lin(norm(x))) < 0.06
+    assert _rel(y, lin(norm(x))) < 0.08
 
 
 def test_compiled_fullgraph_bit_exact():
@@ -255,7 +256,7 @@ def test_load_state_dict_requantizes():
     x = torch.randn(1024, 512, dtype=BF16, device="cuda")
     new_w = torch.randn_like(lin.weight) / 4
     mod.load_state_dict({"weight": new_w})
-    assert _rel(mod(x), x @ new_w.t()) < 0.06
+    assert _rel(mod(x), x @ new_w.t()) < 0.08
 
 
 def test_transformers_model_patched_end_to_end():

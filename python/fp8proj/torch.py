@@ -304,8 +304,20 @@ class Fp8ProjRMSNormLinear(_GatedBase):
         if torch.compiler.is_compiling():
             y = torch.ops.fp8proj.rmsnorm_linear(x, nw, self.eps, self.weight, self._proj.id)
         else:
-            if self.weight.data_ptr() != self._proj.weight_ptr:
-                self._check_weight_in_place()
-                return self.forward(x)
-            y = _ops._rmsnorm_linear_cuda(x, nw, self.eps, self.weight, self._proj.id)
+            y = self._eager(x, nw)
         return y if self.bias is None else y + self.bias
+
+    def _eager(self, x: torch.Tensor, nw: torch.Tensor) -> torch.Tensor:
+        p = self._proj
+        if self.weight.data_ptr() != p.weight_ptr:
+            self._check_weight_in_place()
+            return self.forward(x)
+        k = x.shape[-1]
+        if x.dim() != 2 or k != p.k or x.get_device() != p.device_index or nw.get_device() != p.device_index:
+            return _ops._rmsnorm_linear_cuda(x, nw, self.eps, self.weight, p.id)  # checks, views, names mismatches
+        m = x.shape[0]
+        y = torch.empty((m, p.n), dtype=_BF16, device=x.device)
+        if m and p.forward_rmsnorm_fn(p.handle, x.data_ptr(), x.stride(0) if m > 1 else k, nw.data_ptr(), self.eps,
+                                      m, y.data_ptr(), _raw_stream(p.device_index)):
+            raise _lib.fail(f"fp8proj.rmsnorm_linear ({p.name})")
+        return y

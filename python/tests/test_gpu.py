@@ -279,3 +279,28 @@ def test_transformers_model_patched_end_to_end():
     unpatch(model)
     with torch.no_grad():
         assert torch.equal(model(ids).logits, ref)
+
+
+def test_opcheck_every_op():
+    # torch.library.opcheck: schema (no aliasing or mutation), fake impl against the real one
+    # (shapes, strides, dtypes), AOT dispatch with static and dynamic shapes.
+    lin, mod = _fp8_linear()
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3RMSNorm
+    norm = DeepseekV3RMSNorm(512).to(device="cuda", dtype=BF16)
+    fused = Fp8ProjRMSNormLinear.from_modules(norm, nn.Linear(512, 1024, bias=False, dtype=BF16, device="cuda"),
+                                              name="q_b", enabled=True, policy="all", threshold=0)
+    x = torch.randn(96, 512, dtype=BF16, device="cuda")
+    xv, xs = ops.quantize_activation(x)
+    wv, ws = ops.quantize_weight(lin.weight)
+    cases = [
+        (torch.ops.fp8proj.quantize_activation.default, (x,)),
+        (torch.ops.fp8proj.rmsnorm_quantize.default, (x, norm.weight.detach(), 1e-6)),
+        (torch.ops.fp8proj.quantize_weight.default, (lin.weight.detach(),)),
+        (torch.ops.fp8proj.fp8_gemm.default, (xv, xs, wv, ws)),
+        (torch.ops.fp8proj.linear.default, (x, mod.weight.detach(), mod._proj.id)),
+        (torch.ops.fp8proj.rmsnorm_linear.default, (x, norm.weight.detach(), 1e-6, fused.weight.detach(),
+                                                    fused._proj.id)),
+    ]
+    for op, args in cases:
+        torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static",
+                                                    "test_aot_dispatch_dynamic"))

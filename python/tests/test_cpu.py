@@ -2,6 +2,7 @@
 errors, the C ABI's error paths through ctypes, the bf16 fallback of the modules, and the
 transformers patch on tiny random models."""
 import ctypes
+import os
 import logging
 import types
 
@@ -360,3 +361,16 @@ def test_opt_in_reads_the_knob_like_cpp(monkeypatch):
     for v, want in (("0", False), ("off", False), ("1", True), ("prefill", True), ("all", True), ("bogus", True)):
         monkeypatch.setenv("FP8PROJ_PREFILL_FP8", v)
         assert _fp8_wanted(False) == want and _fp8_wanted(True) == want, v
+
+
+def test_import_without_the_library(tmp_path):
+    # A library that cannot be loaded: the package still imports, says why, and modules run bf16.
+    import subprocess
+    import sys
+    code = ("import torch, fp8proj; from fp8proj.torch import Fp8ProjLinear; ok, why = fp8proj.cuda_status(); "
+            "assert not ok and 'could not be loaded' in why, why; "
+            "lin = torch.nn.Linear(128, 128); m = Fp8ProjLinear.from_linear(lin, name='x', enabled=True); "
+            "x = torch.randn(2, 128); assert torch.equal(m(x), lin(x)); print('ok')")
+    env = dict(os.environ, FP8PROJ_PYTHON_LIB=str(tmp_path / "missing" / "libfp8proj_c.so"))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr

@@ -125,13 +125,14 @@ want profile && command -v ncu >/dev/null && [ -x "$BIN/sm90_fp8_gemm_harness" ]
     --mnk 16,4096,2048
 }
 
-# python: the package built from this tree with the machine's torch (offline: scikit-build-core
-# and pathspec travel as wheels in .whl/), its pytest suite with the GPU tests, and
+# python: the package built from this tree with the machine's torch (offline: scikit-build-core,
+# pathspec and packaging travel as wheels in .whl/), its pytest suite with the GPU tests, and
 # python -m fp8proj.bench (per-call overhead; the transformers model, flag off vs on).
 want python && {
-  [ -d .whl ] && python3 -m pip install --quiet --no-index --find-links .whl scikit-build-core pathspec >/dev/null 2>&1
+  pip_i='python3 -m pip install "$@" || python3 -m pip install --break-system-packages "$@"'
+  [ -d .whl ] && bash -c "$pip_i" _ --quiet --no-index --find-links .whl scikit-build-core pathspec packaging >/dev/null 2>&1
   run python_install 420 env CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" PATH="/usr/local/cuda/bin:$PATH" \
-    python3 -m pip install --no-build-isolation --no-deps -C build-dir=build-h200-python .
+    bash -c "$pip_i" _ --no-build-isolation --no-deps -C build-dir=build-h200-python .
   run python_tests 300 python3 -m pytest -q -rs python/tests
   run python_bench 420 python3 -m fp8proj.bench --out "$R/python_bench"
 }

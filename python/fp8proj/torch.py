@@ -131,6 +131,9 @@ class _GatedBase(nn.Module):
                                    (self._rmsnorm_input and not ws.with_bf16_rows)):
                 ws = None
             try:
+                # The C++ layer quantizes the weight on the legacy default stream; the weight may
+                # have been written on one of torch's non-blocking streams.
+                torch.cuda.synchronize(w.device)
                 self._proj = _handles.Projection(w.detach(), name=self.name, rmsnorm_input=self._rmsnorm_input,
                                                  workspace=ws, **self._options)
             except _lib.Fp8ProjError as e:

@@ -18,6 +18,7 @@ torch.compile(fullgraph=True) traces them as single nodes.
 """
 from __future__ import annotations
 
+import weakref
 from typing import Dict, Tuple
 
 import torch
@@ -136,20 +137,33 @@ def _quantize_weight_cuda(w: torch.Tensor):
     return values, scales
 
 
+def _version(t: torch.Tensor) -> int:
+    try:
+        return t._version
+    except RuntimeError:  # inference tensors keep no version counter
+        return -1
+
+
 class _GemmPlans:
-    """fp8_gemm's plans, one per FP8 weight (its buffers' addresses and shape). A plan is made at
-    the first call for a weight (outside a CUDA graph capture: it may allocate), for up to
-    max_m rows; a larger M makes a larger one."""
+    """fp8_gemm's plans, one per FP8 weight. A plan is bound to the weight's buffers when it is
+    made (a backend may stage a converted copy of the scales), so it is remade when the tensors
+    it was made for have died (their addresses may now hold another weight) or were modified in
+    place (their version counters moved). It is made at the first call for a weight, outside a CUDA graph capture (it
+    may allocate), for up to max_m rows; a larger M makes a larger one."""
 
     def __init__(self):
-        self.plans: Dict[tuple, Tuple[int, int]] = {}
+        self.plans: Dict[tuple, tuple] = {}
 
     def get(self, wv: torch.Tensor, ws: torch.Tensor, m: int) -> int:
         n, k = wv.shape
         key = (wv.data_ptr(), ws.data_ptr(), n, k, wv.get_device())
         hit = self.plans.get(key)
-        if hit is not None and hit[1] >= m:
-            return hit[0]
+        if hit is not None:
+            h, max_m, wref, sref, wver, sver = hit
+            # Alive, the addresses cannot have been reused; a view of the same buffer is the same weight.
+            if max_m >= m and wref() is not None and sref() is not None and wver == _version(wv) and \
+                    sver == _version(ws):
+                return h
         _check(not torch.cuda.is_current_stream_capturing(), "fp8_gemm",
                f"no plan yet for this {n}x{k} weight at M={m}: run fp8_gemm once before capturing a CUDA graph")
         max_m = max(8192, _ceil4(m))
@@ -159,7 +173,7 @@ class _GemmPlans:
                    "fp8proj.fp8_gemm")
         if hit is not None:
             lib.fp8proj_fp8_gemm_destroy(hit[0])
-        self.plans[key] = (h.value, max_m)
+        self.plans[key] = (h.value, max_m, weakref.ref(wv), weakref.ref(ws), _version(wv), _version(ws))
         return h.value
 
 

@@ -123,6 +123,12 @@ def test_fp8_gemm_matches_dequantized_product(m):
                                          _stream()) == 0
     _lib.LIB.fp8proj_fp8_gemm_destroy(h)
     assert _same(y, y2)
+    # New contents in place (the version counter moves): the op makes a new plan, not stale bits.
+    w2 = torch.randn_like(w) / 16
+    wv2, ws2 = ops.quantize_weight(w2)
+    wv.copy_(wv2)
+    ws.copy_(ws2)
+    assert _rel(ops.fp8_gemm(xv, xs, wv, ws), _dequant_x(xv, xs) @ _dequant_w(wv2, ws2).t()) < 8e-3
 
 
 def _fp8_linear(n=1024, k=512, bias=False, **kw):

@@ -119,6 +119,7 @@ class _GatedBase(nn.Module):
         self._proj, self._fp8, self._why_bf16 = None, False, ""
         w = self.weight
         self._built_for = (w.data_ptr(), w.device, w.dtype)
+        self._weight_version = _ops._version(w)
         why = self._reason_no_layer()
         if not why and not _fp8_wanted(self._options["enabled"]):
             # No layer at all: it would hold a bf16 GEMM plan (and its 32 MiB cuBLASLt workspace)
@@ -157,12 +158,15 @@ class _GatedBase(nn.Module):
             self.refresh()
         return out
 
+    def _stale(self) -> bool:
+        return self.weight.data_ptr() != self._proj.weight_ptr or _ops._version(self.weight) != self._weight_version
+
     def _check_weight_in_place(self):
-        # The layer reads the weight through the pointer it was made with; a Parameter swapped
-        # behind its back (param.data = ...) gets a new layer, said once.
-        if self.weight.data_ptr() != self._proj.weight_ptr:
-            log.warning("fp8proj: %s: weight moved since the layer was made; rebuilding it", self.name)
-            self.refresh()
+        # The layer reads the weight through the pointer it was made with and holds an FP8 copy
+        # of its values: a Parameter swapped (param.data = ...) or changed in place (its version
+        # counter moved) gets a new layer, said each time (it synchronises).
+        log.warning("fp8proj: %s: weight moved or changed since the layer was made; rebuilding it", self.name)
+        self.refresh()
 
     # -- queries ----------------------------------------------------------------------------------
     def uses_fp8(self, m: int) -> bool:
@@ -238,7 +242,7 @@ class Fp8ProjLinear(_GatedBase):
 
     def _eager(self, x: torch.Tensor) -> torch.Tensor:
         p = self._proj
-        if self.weight.data_ptr() != p.weight_ptr:
+        if self._stale():
             self._check_weight_in_place()
             return self.forward(x)
         k = x.shape[-1]
@@ -312,7 +316,7 @@ class Fp8ProjRMSNormLinear(_GatedBase):
 
     def _eager(self, x: torch.Tensor, nw: torch.Tensor) -> torch.Tensor:
         p = self._proj
-        if self.weight.data_ptr() != p.weight_ptr:
+        if self._stale():
             self._check_weight_in_place()
             return self.forward(x)
         k = x.shape[-1]

@@ -257,6 +257,13 @@ def test_bad_device_inputs_raise():
     assert not odd.uses_fp8(4096) and "200" in odd.explain(4096)
 
 
+def test_in_place_weight_change_requantizes():
+    lin, mod = _fp8_linear()
+    x = torch.randn(1024, 512, dtype=BF16, device="cuda")
+    mod.weight.mul_(-2)  # the FP8 copy is stale now; the next eager call rebuilds the layer
+    assert _rel(mod(x), x @ mod.weight.t()) < 0.08
+
+
 def test_load_state_dict_requantizes():
     lin, mod = _fp8_linear()
     x = torch.randn(1024, 512, dtype=BF16, device="cuda")

@@ -8,7 +8,6 @@ a wild pointer.
 """
 from __future__ import annotations
 
-import ctypes
 import itertools
 from ctypes import byref, c_int, c_size_t, c_void_p
 from typing import Dict, Optional

@@ -19,7 +19,6 @@ Writes overhead.csv, model.csv, results.json and results.md to --out.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import platform
@@ -79,6 +78,7 @@ def _device_us_per_call(fn, calls: int, batches: int) -> float:
     return statistics.median(per)
 
 
+@torch.no_grad()  # inference: with autograd recording, the modules would take torch's bf16 path
 def overhead(calls: int, batches: int) -> list:
     from fp8proj import _handles, _lib, ops
     from fp8proj.torch import Fp8ProjLinear, Fp8ProjRMSNormLinear
@@ -191,6 +191,7 @@ class _AttnTimer:
         return t
 
 
+@torch.no_grad()
 def model_bench(names, chunks, reps: int, warmup: int, layers: int) -> list:
     import transformers
     from fp8proj.integrations.transformers import patch
@@ -251,7 +252,7 @@ def model_bench(names, chunks, reps: int, warmup: int, layers: int) -> list:
             torch.cuda.empty_cache()
         for h in timer.handles:
             h.remove()
-        del model, before, after
+        del model
         torch.cuda.empty_cache()
     return rows
 

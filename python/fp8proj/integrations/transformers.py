@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from .. import _lib
-from ..torch import DeferredRMSNorm, Fp8ProjLinear, Fp8ProjRMSNormLinear, Workspace
+from ..torch import Fp8ProjLinear, Fp8ProjRMSNormLinear, Workspace
 
 __all__ = ["patch", "unpatch", "PatchReport", "find_mla_attention"]
 

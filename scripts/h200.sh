@@ -6,7 +6,7 @@
 # everything but the step log travels inside the archive). scripts/README.md has the workflow.
 #
 #   bash scripts/h200.sh [step ...]      steps: info tests verify bench layer tune check
-#                                               harness correctness design sanitize profile
+#                                               harness correctness design sanitize profile python
 #                                               (default: info tests verify bench layer harness
 #                                               sanitize)
 # Each step has its own timeout so that one hang cannot eat the whole budget.
@@ -126,6 +126,18 @@ want profile && command -v ncu >/dev/null && [ -x "$BIN/sm90_fp8_gemm_harness" ]
   run ncu_small 120 ncu --clock-control none -k regex:sm90_fp8_gemm --launch-count 2 --section SpeedOfLight \
     --section MemoryWorkloadAnalysis --section WarpStateStats "$BIN/sm90_fp8_gemm_harness" --no-timing \
     --mnk 16,4096,2048
+}
+
+# python: the package built from this tree with the machine's torch (offline: scikit-build-core,
+# pathspec and packaging travel as wheels in .whl/), its pytest suite with the GPU tests, and
+# python -m fp8proj.bench (per-call overhead; the transformers model, flag off vs on).
+want python && {
+  pip_i='python3 -m pip install "$@" || python3 -m pip install --break-system-packages "$@"'
+  [ -d .whl ] && bash -c "$pip_i" _ --quiet --no-index --find-links .whl scikit-build-core pathspec packaging >/dev/null 2>&1
+  run python_install 420 env CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" PATH="/usr/local/cuda/bin:$PATH" \
+    bash -c "$pip_i" _ --no-build-isolation --no-deps -C build-dir=build-h200-python .
+  run python_tests 300 python3 -m pytest -q -rs python/tests
+  run python_bench 420 python3 -m fp8proj.bench --out "$R/python_bench"
 }
 
 log "done; results in $OUT/results.tgz"

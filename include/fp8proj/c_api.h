@@ -52,6 +52,97 @@ FP8PROJ_C_EXPORT int fp8proj_fp8_gemm_describe(const fp8proj_fp8_gemm* gemm, int
 /* NULL is ignored. */
 FP8PROJ_C_EXPORT void fp8proj_fp8_gemm_destroy(fp8proj_fp8_gemm* gemm);
 
+/* ---- quantizers (the kernels the projection layer runs; bit-identical to the CPU reference) ----
+ * All pointers are device memory, 16-byte aligned; every call is enqueued on stream without
+ * allocating or synchronising (capturable in a CUDA graph). m = 0 is a successful no-op.
+ *   x       bf16 [m, k], row r at x + r * x_stride elements (x_stride >= k)
+ *   values  e4m3 [m, k] dense row-major
+ *   scales  fp32 [k/128][scale_ld] M-major (entry (kb, i) at scales[kb * scale_ld + i]),
+ *           scale_ld >= m and a multiple of 4; k a multiple of 128. */
+
+/* 1x128 activation quantization. The kernel reads dense rows: x_stride must equal k. */
+FP8PROJ_C_EXPORT int fp8proj_quantize_activation(const void* x, int64_t x_stride, int64_t m, int64_t k, void* values,
+                                                 float* scales, int64_t scale_ld, void* stream);
+
+/* quantize_activation(rmsnorm(x) * weight) in one pass; x_stride a multiple of 8 (a view into
+ * wider rows, e.g. the q_a columns of fused_qkv_a's output); weight bf16 [k]; eps >= 0. */
+FP8PROJ_C_EXPORT int fp8proj_rmsnorm_quantize(const void* x, int64_t x_stride, const void* weight, float eps,
+                                              int64_t m, int64_t k, void* values, float* scales, int64_t scale_ld,
+                                              void* stream);
+
+/* 128x128 weight quantization: w bf16 [n, k] -> values e4m3 [n, k], scales fp32
+ * [ceil(n/128)][ceil(k/128)] row-major (edge blocks partial, with their own amax). */
+FP8PROJ_C_EXPORT int fp8proj_quantize_weight(const void* w, int64_t n, int64_t k, void* values, float* scales,
+                                             void* stream);
+
+/* ---- the gated projection layer (fp8proj::ProjectionLayer, include/fp8proj/projection.hpp) ----
+ * y[m, n] = x[m, k] . w[n, k]^T through the M-gate, the tuned table and the backends of the
+ * C++ layer: bf16 for decode-sized M, FP8 above the gate when enabled. The handle keeps the
+ * bf16 weight pointer (it must outlive the handle) and owns its FP8 copy, made on the device
+ * at creation (the one synchronising call), and workspaces for max_tokens rows. */
+typedef struct fp8proj_projection fp8proj_projection;
+
+/* Activation scratch several projections can share (their calls must be ordered: one stream),
+ * so that a model holds one workspace, not one per layer: e4m3 + scales for max_tokens rows of
+ * up to max_k columns, and bf16 rows for the unfused RMSNorm when with_bf16_rows. */
+typedef struct fp8proj_workspace fp8proj_workspace;
+FP8PROJ_C_EXPORT int fp8proj_workspace_create(int64_t max_tokens, int64_t max_k, int with_bf16_rows,
+                                              fp8proj_workspace** out);
+FP8PROJ_C_EXPORT int fp8proj_workspace_bytes(const fp8proj_workspace* ws, size_t* bytes);
+/* Projections made with it keep it alive; NULL is ignored. */
+FP8PROJ_C_EXPORT void fp8proj_workspace_destroy(fp8proj_workspace* ws);
+
+typedef struct fp8proj_projection_options {
+  const char* name;        /* shown in logs and explain(); NULL = "projection" */
+  int enabled;             /* FP8 opt-in (0/1) */
+  const char* policy;      /* "prefill" or "all"; NULL = "prefill" */
+  int64_t threshold;       /* FP8 when M > threshold; < 0 = the tuned table, else 512 */
+  int64_t decode_ceiling;  /* prefill policy: M <= ceiling stays bf16; < 0 = 512 */
+  int64_t max_tokens;      /* workspace rows (a multiple of 4; larger M runs in chunks); <= 0 = 8192 */
+  int rmsnorm_input;       /* size the workspace for fp8proj_projection_forward_rmsnorm (0/1) */
+  int apply_env;           /* the FP8PROJ_* knobs override these options (0/1) */
+  const char* fp8_backend; /* NULL or "auto", or a backend name */
+  fp8proj_workspace* workspace; /* NULL = the projection owns one; else max_tokens comes from it */
+} fp8proj_projection_options;
+
+/* Fills *options with the defaults above (enabled 0, apply_env 1). */
+FP8PROJ_C_EXPORT int fp8proj_projection_options_init(fp8proj_projection_options* options);
+
+/* weight bf16 [n, k] device memory; n, k > 0 (FP8 needs multiples of 128: other shapes stay
+ * bf16 and explain() says why). options NULL = the defaults. */
+FP8PROJ_C_EXPORT int fp8proj_projection_create(const void* weight, int64_t n, int64_t k,
+                                               const fp8proj_projection_options* options, fp8proj_projection** out);
+
+/* y = x . w^T, x bf16 [m, k] dense, y bf16 [m, n] dense. */
+FP8PROJ_C_EXPORT int fp8proj_projection_forward(fp8proj_projection* proj, const void* x, int64_t m, void* y,
+                                                void* stream);
+
+/* y = rmsnorm(x) * norm_weight . w^T with x's rows x_stride elements apart (x_stride >= k, a
+ * multiple of 8); needs rmsnorm_input. */
+FP8PROJ_C_EXPORT int fp8proj_projection_forward_rmsnorm(fp8proj_projection* proj, const void* x, int64_t x_stride,
+                                                        const void* norm_weight, float eps, int64_t m, void* y,
+                                                        void* stream);
+
+/* Which path a call with m rows takes: *path = 0 (none, m = 0), 1 (bf16) or 2 (FP8). */
+FP8PROJ_C_EXPORT int fp8proj_projection_path(const fp8proj_projection* proj, int64_t m, int* path);
+
+/* The layer's explain(m) ("M=...: fp8 via ... -- reason") into buf, NUL-terminated, truncated
+ * to size. */
+FP8PROJ_C_EXPORT int fp8proj_projection_explain(const fp8proj_projection* proj, int64_t m, char* buf, size_t size);
+
+/* Bytes: the bf16 weight (held by the caller), the FP8 copy's values and scales, and the
+ * workspaces the handle owns. Any pointer may be NULL. */
+FP8PROJ_C_EXPORT int fp8proj_projection_memory(const fp8proj_projection* proj, size_t* bf16_weight,
+                                               size_t* fp8_values, size_t* fp8_scales, size_t* workspace);
+
+/* NULL is ignored. */
+FP8PROJ_C_EXPORT void fp8proj_projection_destroy(fp8proj_projection* proj);
+
+/* ---- this process's device ----
+ * *fp8_ok = 1 when this build has CUDA and the current GPU runs the sm_90a FP8 kernels; buf gets
+ * "<gpu name>" then, else the reason there is none (NUL-terminated, truncated to size). */
+FP8PROJ_C_EXPORT int fp8proj_device_status(int* fp8_ok, char* buf, size_t size);
+
 /* "<version>+<commit>" of the library, e.g. "0.1.0+d3b4fe6a1b2c". */
 FP8PROJ_C_EXPORT const char* fp8proj_version_string(void);
 

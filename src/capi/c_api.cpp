@@ -16,11 +16,21 @@
 #include "fp8proj/error.hpp"
 #include "fp8proj/gemm.hpp"
 #include "fp8proj/memory.hpp"
+#include "fp8proj/ops.hpp"
+#include "fp8proj/projection.hpp"
 #include "fp8proj/tune.hpp"
 
 #if FP8PROJ_WITH_CUDA
 #include <cuda_runtime_api.h>
 #endif
+
+struct fp8proj_workspace {
+  std::shared_ptr<fp8proj::ActivationWorkspace> ws;
+};
+
+struct fp8proj_projection {
+  std::unique_ptr<fp8proj::ProjectionLayer> layer;
+};
 
 struct fp8proj_fp8_gemm {
   const fp8proj::GemmBackend* backend = nullptr;
@@ -111,10 +121,267 @@ void run(fp8proj_fp8_gemm* g, const void* x_values, const float* x_scales, int64
   g->plan->run(x, static_cast<bf16*>(y), stream);
 }
 
+// Every entry point that launches work checks for a device first, so that a CPU-only build or
+// a machine without a GPU gets a sentence instead of a CUDA error code.
+void check_gpu(const char* what) {
+  FP8PROJ_CHECK(gpu_available(), what, ": no usable CUDA GPU in this process (", current_device().why_absent, ")");
+}
+
+void check_scale_ld(int64_t scale_ld, int64_t m) {
+  FP8PROJ_CHECK(scale_ld >= m && scale_ld % 4 == 0, "scale_ld=", scale_ld, " must be >= m=", m,
+                " and a multiple of 4 (the M-major scale layout)");
+}
+
+void quantize_activation(const void* x, int64_t x_stride, int64_t m, int64_t k, void* values, float* scales,
+                         int64_t scale_ld, void* stream) {
+  FP8PROJ_CHECK(m >= 0, "m must be >= 0, got ", m);
+  FP8PROJ_CHECK(k > 0 && k % 128 == 0, "k=", k, " must be a positive multiple of 128 (1x128 groups)");
+  FP8PROJ_CHECK(x_stride == k, "activation quantization reads dense rows: x_stride=", x_stride,
+                " must equal k=", k, " (make the input contiguous)");
+  check_scale_ld(scale_ld, m);
+  if (m == 0) return;
+  check_gpu("quantize_activation");
+  check_device_pointer(x, "x");
+  check_device_pointer(values, "values");
+  check_device_pointer(scales, "scales");
+  quant_ops(MemorySpace::device)
+      .quantize_activation(static_cast<const bf16*>(x), m, k,
+                           Fp8ActivationOut{static_cast<uint8_t*>(values), scales, m, k, scale_ld}, stream);
+}
+
+void rmsnorm_quantize(const void* x, int64_t x_stride, const void* weight, float eps, int64_t m, int64_t k,
+                      void* values, float* scales, int64_t scale_ld, void* stream) {
+  FP8PROJ_CHECK(m >= 0, "m must be >= 0, got ", m);
+  FP8PROJ_CHECK(k > 0 && k % 128 == 0, "k=", k, " must be a positive multiple of 128 (1x128 groups)");
+  FP8PROJ_CHECK(x_stride >= k && x_stride % 8 == 0, "x_stride=", x_stride, " must be >= k=", k,
+                " and a multiple of 8 elements (16-byte rows)");
+  FP8PROJ_CHECK(eps >= 0.0f, "eps must be >= 0, got ", eps);
+  check_scale_ld(scale_ld, m);
+  if (m == 0) return;
+  check_gpu("rmsnorm_quantize");
+  check_device_pointer(x, "x");
+  check_device_pointer(weight, "weight");
+  check_device_pointer(values, "values");
+  check_device_pointer(scales, "scales");
+  quant_ops(MemorySpace::device)
+      .rmsnorm_quantize(static_cast<const bf16*>(x), x_stride, static_cast<const bf16*>(weight), eps, m, k,
+                        Fp8ActivationOut{static_cast<uint8_t*>(values), scales, m, k, scale_ld}, stream);
+}
+
+void quantize_weight(const void* w, int64_t n, int64_t k, void* values, float* scales, void* stream) {
+  FP8PROJ_CHECK(n > 0 && k > 0, "weight shape ", n, "x", k, " must be positive");
+  check_gpu("quantize_weight");
+  check_device_pointer(w, "w");
+  check_device_pointer(values, "values");
+  check_device_pointer(scales, "scales");
+  quant_ops(MemorySpace::device)
+      .quantize_weight(static_cast<const bf16*>(w), n, k, Fp8WeightOut{static_cast<uint8_t*>(values), scales, n, k},
+                       stream);
+}
+
+fp8proj_projection_options default_projection_options() {
+  fp8proj_projection_options o{};
+  o.name = nullptr;
+  o.enabled = 0;
+  o.policy = nullptr;
+  o.threshold = -1;
+  o.decode_ceiling = -1;
+  o.max_tokens = 0;
+  o.rmsnorm_input = 0;
+  o.apply_env = 1;
+  o.fp8_backend = nullptr;
+  o.workspace = nullptr;
+  return o;
+}
+
+void projection_create(const void* weight, int64_t n, int64_t k, const fp8proj_projection_options* options,
+                       fp8proj_projection** out) {
+  FP8PROJ_CHECK(out != nullptr, "out (the handle's address) is null");
+  *out = nullptr;
+  const fp8proj_projection_options o = options ? *options : default_projection_options();
+  ProjectionOptions po;
+  if (o.name && *o.name) po.name = o.name;
+  FP8PROJ_CHECK(n > 0 && k > 0, po.name, ": weight shape ", n, "x", k, " must be positive");
+  po.fp8 = o.enabled != 0;
+  const std::string policy = o.policy && *o.policy ? o.policy : "prefill";
+  FP8PROJ_CHECK(policy == "prefill" || policy == "all", po.name, ": policy must be \"prefill\" or \"all\", got \"",
+                policy, "\"");
+  po.policy = policy == "all" ? Fp8Policy::all : Fp8Policy::prefill;
+  if (o.threshold >= 0) po.threshold = o.threshold;
+  if (o.decode_ceiling >= 0) po.decode_ceiling = o.decode_ceiling;
+  if (o.max_tokens > 0) po.max_tokens = o.max_tokens;
+  po.rmsnorm_input = o.rmsnorm_input != 0;
+  po.apply_env = o.apply_env != 0;
+  if (o.fp8_backend && *o.fp8_backend) po.fp8_backend = o.fp8_backend;
+  if (o.workspace) {
+    FP8PROJ_CHECK(o.workspace->ws != nullptr, po.name, ": workspace handle is empty");
+    po.workspace = o.workspace->ws;
+    po.max_tokens = po.workspace->max_tokens();
+  }
+  check_gpu(po.name.c_str());
+  check_device_pointer(weight, "weight");
+  auto p = std::make_unique<fp8proj_projection>();
+  p->layer = std::make_unique<ProjectionLayer>(MemorySpace::device, static_cast<const bf16*>(weight), n, k, po);
+  *out = p.release();
+}
+
+ProjectionLayer& layer_of(fp8proj_projection* p) {
+  FP8PROJ_CHECK(p != nullptr && p->layer, "projection handle is null");
+  return *p->layer;
+}
+const ProjectionLayer& layer_of(const fp8proj_projection* p) {
+  FP8PROJ_CHECK(p != nullptr && p->layer, "projection handle is null");
+  return *p->layer;
+}
+
+void projection_forward(fp8proj_projection* p, const void* x, int64_t m, void* y, void* stream) {
+  ProjectionLayer& l = layer_of(p);
+  FP8PROJ_CHECK(m >= 0, l.name(), ": m must be >= 0, got ", m);
+  if (m == 0) return;
+  check_device_pointer(x, "x");
+  check_device_pointer(y, "y");
+  l.forward(static_cast<const bf16*>(x), m, static_cast<bf16*>(y), stream);
+}
+
+void projection_forward_rmsnorm(fp8proj_projection* p, const void* x, int64_t x_stride, const void* norm_weight,
+                                float eps, int64_t m, void* y, void* stream) {
+  ProjectionLayer& l = layer_of(p);
+  FP8PROJ_CHECK(m >= 0, l.name(), ": m must be >= 0, got ", m);
+  FP8PROJ_CHECK(x_stride >= l.k() && x_stride % 8 == 0, l.name(), ": x_stride=", x_stride, " must be >= K=", l.k(),
+                " and a multiple of 8 elements");
+  FP8PROJ_CHECK(eps >= 0.0f, l.name(), ": eps must be >= 0, got ", eps);
+  if (m == 0) return;
+  check_device_pointer(x, "x");
+  check_device_pointer(norm_weight, "norm_weight");
+  check_device_pointer(y, "y");
+  l.forward_rmsnorm(static_cast<const bf16*>(x), x_stride, static_cast<const bf16*>(norm_weight), eps, m,
+                    static_cast<bf16*>(y), stream);
+}
+
+void write_string(const std::string& s, char* buf, size_t size) {
+  FP8PROJ_CHECK(buf != nullptr && size > 0, "buf is null or size is 0");
+  const size_t len = std::min(s.size(), size - 1);
+  std::memcpy(buf, s.data(), len);
+  buf[len] = '\0';
+}
+
 }  // namespace
 }  // namespace fp8proj
 
 extern "C" {
+
+int fp8proj_quantize_activation(const void* x, int64_t x_stride, int64_t m, int64_t k, void* values, float* scales,
+                                int64_t scale_ld, void* stream) {
+  return fp8proj::guarded([&] { fp8proj::quantize_activation(x, x_stride, m, k, values, scales, scale_ld, stream); });
+}
+
+int fp8proj_rmsnorm_quantize(const void* x, int64_t x_stride, const void* weight, float eps, int64_t m, int64_t k,
+                             void* values, float* scales, int64_t scale_ld, void* stream) {
+  return fp8proj::guarded(
+      [&] { fp8proj::rmsnorm_quantize(x, x_stride, weight, eps, m, k, values, scales, scale_ld, stream); });
+}
+
+int fp8proj_quantize_weight(const void* w, int64_t n, int64_t k, void* values, float* scales, void* stream) {
+  return fp8proj::guarded([&] { fp8proj::quantize_weight(w, n, k, values, scales, stream); });
+}
+
+int fp8proj_workspace_create(int64_t max_tokens, int64_t max_k, int with_bf16_rows, fp8proj_workspace** out) {
+  return fp8proj::guarded([&] {
+    FP8PROJ_CHECK(out != nullptr, "out (the handle's address) is null");
+    *out = nullptr;
+    FP8PROJ_CHECK(max_tokens > 0 && max_tokens % 4 == 0, "max_tokens must be a positive multiple of 4, got ",
+                  max_tokens);
+    FP8PROJ_CHECK(max_k > 0 && max_k % 128 == 0, "max_k must be a positive multiple of 128, got ", max_k);
+    fp8proj::check_gpu("workspace");
+    auto w = std::make_unique<fp8proj_workspace>();
+    w->ws = std::make_shared<fp8proj::ActivationWorkspace>(fp8proj::MemorySpace::device, max_tokens, max_k,
+                                                           with_bf16_rows != 0);
+    *out = w.release();
+  });
+}
+
+int fp8proj_workspace_bytes(const fp8proj_workspace* ws, size_t* bytes) {
+  return fp8proj::guarded([&] {
+    FP8PROJ_CHECK(ws != nullptr && ws->ws, "workspace handle is null");
+    FP8PROJ_CHECK(bytes != nullptr, "bytes is null");
+    *bytes = ws->ws->bytes();
+  });
+}
+
+void fp8proj_workspace_destroy(fp8proj_workspace* ws) { delete ws; }
+
+int fp8proj_projection_options_init(fp8proj_projection_options* options) {
+  return fp8proj::guarded([&] {
+    FP8PROJ_CHECK(options != nullptr, "options is null");
+    *options = fp8proj::default_projection_options();
+  });
+}
+
+int fp8proj_projection_create(const void* weight, int64_t n, int64_t k, const fp8proj_projection_options* options,
+                              fp8proj_projection** out) {
+  return fp8proj::guarded([&] { fp8proj::projection_create(weight, n, k, options, out); });
+}
+
+int fp8proj_projection_forward(fp8proj_projection* proj, const void* x, int64_t m, void* y, void* stream) {
+  return fp8proj::guarded([&] { fp8proj::projection_forward(proj, x, m, y, stream); });
+}
+
+int fp8proj_projection_forward_rmsnorm(fp8proj_projection* proj, const void* x, int64_t x_stride,
+                                       const void* norm_weight, float eps, int64_t m, void* y, void* stream) {
+  return fp8proj::guarded(
+      [&] { fp8proj::projection_forward_rmsnorm(proj, x, x_stride, norm_weight, eps, m, y, stream); });
+}
+
+int fp8proj_projection_path(const fp8proj_projection* proj, int64_t m, int* path) {
+  return fp8proj::guarded([&] {
+    const fp8proj::ProjectionLayer& l = fp8proj::layer_of(proj);
+    FP8PROJ_CHECK(path != nullptr, "path is null");
+    FP8PROJ_CHECK(m >= 0, l.name(), ": m must be >= 0, got ", m);
+    *path = static_cast<int>(l.path_for(m));
+  });
+}
+
+int fp8proj_projection_explain(const fp8proj_projection* proj, int64_t m, char* buf, size_t size) {
+  return fp8proj::guarded([&] {
+    const fp8proj::ProjectionLayer& l = fp8proj::layer_of(proj);
+    FP8PROJ_CHECK(m >= 0, l.name(), ": m must be >= 0, got ", m);
+    fp8proj::write_string(l.explain(m).to_string(), buf, size);
+  });
+}
+
+int fp8proj_projection_memory(const fp8proj_projection* proj, size_t* bf16_weight, size_t* fp8_values,
+                              size_t* fp8_scales, size_t* workspace) {
+  return fp8proj::guarded([&] {
+    const fp8proj::ProjectionMemory mem = fp8proj::layer_of(proj).memory();
+    if (bf16_weight) *bf16_weight = mem.bf16_weight;
+    if (fp8_values) *fp8_values = mem.fp8_values;
+    if (fp8_scales) *fp8_scales = mem.fp8_scales;
+    if (workspace) *workspace = mem.workspace;
+  });
+}
+
+void fp8proj_projection_destroy(fp8proj_projection* proj) { delete proj; }
+
+int fp8proj_device_status(int* fp8_ok, char* buf, size_t size) {
+  return fp8proj::guarded([&] {
+    FP8PROJ_CHECK(fp8_ok != nullptr, "fp8_ok is null");
+    *fp8_ok = 0;
+    const fp8proj::DeviceInfo& d = fp8proj::current_device();
+    std::string text;
+    if (!fp8proj::built_with_cuda()) {
+      text = "this build of libfp8proj_c has no CUDA (FP8PROJ_CUDA=OFF)";
+    } else if (!d.present) {
+      text = d.why_absent;
+    } else if (!d.is_sm90()) {
+      text = "GPU " + d.name + " is " + d.arch() + "; the FP8 kernels are built for sm_90a (Hopper)";
+    } else {
+      *fp8_ok = 1;
+      text = d.name;
+    }
+    fp8proj::write_string(text, buf, size);
+  });
+}
+
 
 int fp8proj_fp8_gemm_create(const void* w_values, const float* w_scales, int64_t n, int64_t k, int64_t max_m,
                             const char* backend, fp8proj_fp8_gemm** out) {

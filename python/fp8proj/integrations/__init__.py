@@ -1,0 +1,1 @@
+"""Integrations with model libraries: fp8proj.integrations.transformers (imported on use)."""

@@ -1,0 +1,191 @@
+"""fp8proj in Hugging Face transformers (5.x): swap the MLA attention projections in place.
+
+    from fp8proj.integrations.transformers import patch, unpatch
+    report = patch(model)                 # q_a_layernorm + q_b_proj (fused) and o_proj, every layer
+    print(report)                         # what was patched, what was skipped and why
+    unpatch(model)                        # the original modules back
+
+An attention module qualifies by its layout, not its class: it has q_a_proj, q_a_layernorm,
+q_b_proj, kv_a_proj_with_mqa, kv_b_proj and o_proj (DeepSeek-V3 `deepseek_v3`, DeepSeek-V3.2
+`deepseek_v32`, GLM-5 `glm_moe_dsa`, and any other class laid out the same way). Modules with
+q_proj instead of the q LoRA pair (q_lora_rank = None, e.g. DeepSeek-V2-Lite) get o_proj only.
+
+The norm is fused into q_b_proj only where q_a_layernorm's output feeds q_b_proj alone, which is
+read from the attention's forward source: DeepSeek-V3 writes q_b_proj(q_a_layernorm(q_a_proj(x))).
+In DeepSeek-V3.2 and GLM-5 (DSA) the indexer also reads that output (q_resid), so there q_b_proj
+is patched unfused and the norm stays as it was.
+
+Parameters are shared, not copied: the patched model's state_dict has the same keys and the
+same tensors, and unpatch restores the very modules that were there.
+"""
+from __future__ import annotations
+
+import inspect
+import re
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+
+from .. import _lib
+from ..torch import Fp8ProjLinear, Fp8ProjRMSNormLinear, Workspace
+
+__all__ = ["patch", "unpatch", "PatchReport", "find_mla_attention"]
+
+MLA_ATTRIBUTES = ("q_a_proj", "q_a_layernorm", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj")
+_ORIGINALS = "_fp8proj_originals"
+_FUSED_CALL = re.compile(r"self\.q_b_proj\(\s*self\.q_a_layernorm\(\s*self\.q_a_proj\(")
+
+
+@dataclass
+class PatchReport:
+    patched: List[str] = field(default_factory=list)                 # module names now fp8proj modules
+    skipped: List[Tuple[str, str]] = field(default_factory=list)      # (module name, why not)
+    fused: List[str] = field(default_factory=list)                    # q_b_proj names with the norm fused in
+    note: str = ""                                                    # e.g. why everything runs bf16 here
+
+    def __str__(self) -> str:
+        lines = [f"fp8proj patch: {len(self.patched)} modules patched ({len(self.fused)} with the norm fused), "
+                 f"{len(self.skipped)} skipped"]
+        lines += [f"  patched {n}" + (" (q_a_layernorm fused)" if n in self.fused else "") for n in self.patched]
+        lines += [f"  skipped {n}: {why}" for n, why in self.skipped]
+        if self.note:
+            lines.append(f"  note: {self.note}")
+        return "\n".join(lines)
+
+
+def _is_mla(m: nn.Module) -> bool:
+    return all(hasattr(m, a) for a in ("kv_a_proj_with_mqa", "kv_b_proj", "o_proj")) and (
+        all(getattr(m, a, None) is not None for a in ("q_a_proj", "q_a_layernorm", "q_b_proj"))
+        or isinstance(getattr(m, "q_proj", None), nn.Linear))
+
+
+def find_mla_attention(model: nn.Module) -> List[Tuple[str, nn.Module]]:
+    """(name, module) of every module with the MLA attention layout."""
+    return [(n, m) for n, m in model.named_modules() if _is_mla(m)]
+
+
+def _norm_feeds_q_b_alone(attn: nn.Module) -> Tuple[bool, str]:
+    if getattr(attn, "indexer", None) is not None:
+        return False, "an indexer also reads q_a_layernorm's output (DSA)"
+    try:
+        src = inspect.getsource(inspect.unwrap(type(attn).forward))
+    except (OSError, TypeError):
+        return False, f"the source of {type(attn).__name__}.forward is unavailable, so the norm's consumers are unknown"
+    if not _FUSED_CALL.search(src) or src.count("self.q_a_layernorm(") != 1:
+        return False, f"{type(attn).__name__}.forward uses q_a_layernorm's output other than as q_b_proj's input"
+    return True, ""
+
+
+def _norm_is_plain_rmsnorm(norm: nn.Module) -> Tuple[bool, str]:
+    # Our fused kernel computes x * rsqrt(mean(x^2) + eps) * weight; a (1 + weight) norm (Gemma) or
+    # one with a bias is another function.
+    if not type(norm).__name__.endswith("RMSNorm"):
+        return False, f"q_a_layernorm is a {type(norm).__name__}, not an RMSNorm"
+    if getattr(norm, "bias", None) is not None:
+        return False, "q_a_layernorm has a bias"
+    try:
+        src = inspect.getsource(type(norm).forward)
+    except (OSError, TypeError):
+        src = ""
+    if re.search(r"1(\.0)?\s*\+\s*self\.weight", src):
+        return False, "q_a_layernorm scales by (1 + weight)"
+    if not any(isinstance(getattr(norm, a, None), (int, float)) for a in ("variance_epsilon", "eps")):
+        return False, "q_a_layernorm has no eps attribute"
+    return True, ""
+
+
+def _linear_skip_reason(lin: Optional[nn.Module]) -> str:
+    if lin is None:
+        return "absent"
+    if isinstance(lin, (Fp8ProjLinear, Fp8ProjRMSNormLinear)):
+        return "already patched"
+    if type(lin) is not nn.Linear:
+        return f"a {type(lin).__name__}, not an nn.Linear (quantized or parallel layers are left alone)"
+    return ""
+
+
+def patch(model: nn.Module, *, enabled: Optional[bool] = True, policy: str = "prefill",
+          targets: Sequence[str] = ("q_b_proj", "o_proj"), fuse_norm: bool = True, share_workspace: bool = True,
+          **layer_opts) -> PatchReport:
+    """Replace `targets` of every MLA attention module of `model` in place (see the module doc).
+    layer_opts: threshold, decode_ceiling, max_tokens, fp8_backend (as for Fp8ProjLinear). The
+    FP8PROJ_* knobs override enabled/policy/threshold as in C++. Patch again after moving the
+    model to another device only if it was patched on the CPU: modules rebuild their FP8 copies
+    on .to()/.cuda() themselves."""
+    unknown = set(targets) - {"q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj", "q_proj"}
+    if unknown:
+        raise ValueError(f"fp8proj: unknown targets {sorted(unknown)}")
+    report = PatchReport()
+    originals: List[Tuple[nn.Module, str, nn.Module]] = getattr(model, _ORIGINALS, [])
+    attns = find_mla_attention(model)
+    if not attns:
+        report.note = "no module with the MLA attention layout (" + ", ".join(MLA_ATTRIBUTES) + ")"
+        return report
+    ok, why = _lib.device_status()
+    if not ok:
+        report.note = f"modules run bf16 (torch's matmul on the original weights): {why}"
+
+    # One workspace per kind for the whole model (calls on one stream run one after another):
+    # without it every layer would hold max_tokens x K bytes of its own.
+    spaces: Dict[bool, Optional[Workspace]] = {False: None, True: None}
+    opts = dict(enabled=enabled, policy=policy, **layer_opts)
+    plan = []  # (attn name, attn, target, fused?)
+    for aname, attn in attns:
+        for t in targets:
+            full = f"{aname}.{t}" if aname else t
+            lin = getattr(attn, t, None)
+            why_not = _linear_skip_reason(lin)
+            if why_not:
+                if t != "q_proj" or lin is not None:
+                    report.skipped.append((full, why_not))
+                continue
+            fused, why_unfused = False, ""
+            if t == "q_b_proj" and fuse_norm:
+                fused, why_unfused = _norm_feeds_q_b_alone(attn)
+                if fused:
+                    fused, why_unfused = _norm_is_plain_rmsnorm(attn.q_a_layernorm)
+                if not fused:
+                    report.skipped.append((f"{aname}.q_a_layernorm", f"not fused into q_b_proj: {why_unfused}"))
+            plan.append((aname, attn, t, fused, full))
+
+    if share_workspace and ok:
+        dev_w = [getattr(a, t).weight for _, a, t, _, _ in plan]
+        if dev_w and all(w.device.type == "cuda" for w in dev_w):
+            max_tokens = int(layer_opts.get("max_tokens") or 8192)
+            for fused in (False, True):
+                ks = [getattr(a, t).in_features for _, a, t, f, _ in plan if f == fused]
+                ks = [k for k in ks if k % 128 == 0]
+                if ks:
+                    with torch.cuda.device(dev_w[0].device):
+                        spaces[fused] = Workspace(max_tokens, max(ks), with_bf16_rows=fused)
+        else:
+            pass  # CPU weights: each module makes its own when the model moves to the GPU
+
+    for aname, attn, t, fused, full in plan:
+        lin = getattr(attn, t)
+        if fused:
+            norm = attn.q_a_layernorm
+            mod = Fp8ProjRMSNormLinear(norm, lin, name=full, workspace=spaces[True], **opts)
+            originals.append((attn, "q_a_layernorm", norm))
+            attn.q_a_layernorm = mod.norm_passthrough
+            report.fused.append(full)
+        else:
+            mod = Fp8ProjLinear.from_linear(lin, name=full, workspace=spaces[False], **opts)
+        originals.append((attn, t, lin))
+        setattr(attn, t, mod)
+        report.patched.append(full)
+    model.__dict__[_ORIGINALS] = originals
+    return report
+
+
+def unpatch(model: nn.Module) -> int:
+    """Put back every module patch() replaced; returns how many."""
+    originals = model.__dict__.pop(_ORIGINALS, [])
+    for attn, attr, orig in reversed(originals):
+        cur = getattr(attn, attr, None)
+        if isinstance(cur, (Fp8ProjLinear, Fp8ProjRMSNormLinear)):
+            cur.__dict__.get("_proj") and cur._proj.close()
+        setattr(attn, attr, orig)
+    return len(originals)

@@ -1,0 +1,347 @@
+"""The torch ops of namespace `fp8proj` (torch.ops.fp8proj.*), over the C ABI.
+
+Each op has a schema, a CUDA implementation (a Python function calling libfp8proj_c through
+ctypes on the current stream), a fake implementation (shapes only, for FakeTensor / meta
+tracing and torch.compile) and a CPU implementation that raises: the FP8 ops run on CUDA
+tensors only (the modules in fp8proj.torch run bf16 on the CPU).
+
+None of them synchronises the host or allocates anything beyond its outputs (the projection
+layer's workspaces are sized when it is made), so they can be captured in a CUDA graph, and
+torch.compile(fullgraph=True) traces them as single nodes.
+
+    quantize_activation(x[M, K] bf16) -> (values e4m3 [M, K], scales f32 [K/128, ceil4(M)])
+    rmsnorm_quantize(x, weight[K], eps) -> (values, scales)     x may be a row-strided view
+    quantize_weight(w[N, K] bf16) -> (values e4m3 [N, K], scales f32 [ceil(N/128), ceil(K/128)])
+    fp8_gemm(xv, xs, wv, ws) -> y[M, N] bf16
+    linear(x[..., K], weight[N, K], handle) -> y[..., N]        the gated projection layer
+    rmsnorm_linear(x, norm_weight, eps, weight, handle) -> y    norm + gated projection, fused
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Dict, Tuple
+
+import torch
+
+from . import _handles, _lib
+
+__all__ = ["quantize_activation", "rmsnorm_quantize", "quantize_weight", "fp8_gemm", "linear", "rmsnorm_linear"]
+
+_BF16 = torch.bfloat16
+_E4M3 = torch.float8_e4m3fn
+_F32 = torch.float32
+_raw_stream = torch._C._cuda_getCurrentRawStream  # int cudaStream_t of the device's current stream
+
+
+def _ceil4(m):
+    return (m + 3) // 4 * 4
+
+
+def _ceil128(v):
+    return (v + 127) // 128
+
+
+# ---- argument checks (metadata only: nothing here reads device memory or syncs) ----------------
+
+def _check(cond: bool, op: str, msg: str, exc=ValueError) -> None:
+    if not cond:
+        raise exc(f"fp8proj.{op}: {msg}")
+
+
+def _check_tensor(t: torch.Tensor, op: str, what: str, dtype: torch.dtype, contiguous: bool = True) -> None:
+    _check(isinstance(t, torch.Tensor), op, f"{what} must be a tensor, got {type(t).__name__}", TypeError)
+    _check(t.dtype == dtype, op, f"{what} must be {dtype}, got {t.dtype}", TypeError)
+    if contiguous:
+        _check(t.is_contiguous(), op, f"{what} must be contiguous (shape {tuple(t.shape)}, strides {t.stride()})")
+
+
+def _check_cuda(op: str, **tensors) -> None:
+    # After the shape checks, so that those are testable (and reported) on any machine.
+    for what, t in tensors.items():
+        _check(t.is_cuda, op, f"{what} is on {t.device}; the fp8proj ops run on CUDA tensors")
+
+
+def _rows(x: torch.Tensor, op: str, what: str = "x") -> Tuple[int, int]:
+    _check(x.dim() >= 1, op, f"{what} must have at least one dimension")
+    k = x.shape[-1]
+    return x.numel() // k if k else 0, k
+
+
+def _row_view(x: torch.Tensor, op: str) -> torch.Tensor:
+    """x[..., K] with unit column stride as [M, K] rows some stride apart (a view, no copy)."""
+    _check(x.stride(-1) == 1 or x.shape[-1] == 1, op, f"x's last dimension must have stride 1, got {x.stride()}")
+    try:
+        return x.view(-1, x.shape[-1])
+    except RuntimeError:
+        raise ValueError(f"fp8proj.{op}: x (shape {tuple(x.shape)}, strides {x.stride()}) is not rows of K elements "
+                         "a fixed stride apart; pass x.contiguous() or a 2-D row-strided view") from None
+
+
+# ---- CUDA implementations (also called directly, without the dispatcher, by the modules) ---------
+
+def _quantize_activation_cuda(x: torch.Tensor):
+    op = "quantize_activation"
+    _check_tensor(x, op, "x", _BF16)
+    m, k = _rows(x, op)
+    _check(k % 128 == 0 and k > 0, op, f"K={k} must be a positive multiple of 128 (1x128 scale groups)")
+    _check_cuda(op, x=x)
+    values = torch.empty(x.shape, dtype=_E4M3, device=x.device)
+    ld = _ceil4(m)
+    scales = torch.empty((k // 128, ld), dtype=_F32, device=x.device)
+    if m == 0:
+        return values, scales
+    rc = _lib.LIB.fp8proj_quantize_activation(x.data_ptr(), k, m, k, values.data_ptr(), scales.data_ptr(), ld,
+                                              _raw_stream(x.get_device()))
+    if rc:
+        raise _lib.fail("fp8proj.quantize_activation")
+    return values, scales
+
+
+def _rmsnorm_quantize_cuda(x: torch.Tensor, weight: torch.Tensor, eps: float):
+    op = "rmsnorm_quantize"
+    _check_tensor(x, op, "x", _BF16, contiguous=False)
+    _check_tensor(weight, op, "weight", _BF16)
+    x2 = _row_view(x, op)
+    m, k = x2.shape
+    _check(weight.shape == (k,), op, f"weight must have shape ({k},), got {tuple(weight.shape)}")
+    _check(k % 128 == 0 and k > 0, op, f"K={k} must be a positive multiple of 128 (1x128 scale groups)")
+    _check_cuda(op, x=x, weight=weight)
+    _check(weight.device == x.device, op, f"weight is on {weight.device}, x on {x.device}")
+    values = torch.empty(x.shape, dtype=_E4M3, device=x.device)
+    ld = _ceil4(m)
+    scales = torch.empty((k // 128, ld), dtype=_F32, device=x.device)
+    if m == 0:
+        return values, scales
+    stride = x2.stride(0) if m > 1 else k
+    rc = _lib.LIB.fp8proj_rmsnorm_quantize(x2.data_ptr(), stride, weight.data_ptr(), float(eps), m, k,
+                                           values.data_ptr(), scales.data_ptr(), ld, _raw_stream(x.get_device()))
+    if rc:
+        raise _lib.fail("fp8proj.rmsnorm_quantize")
+    return values, scales
+
+
+def _quantize_weight_cuda(w: torch.Tensor):
+    op = "quantize_weight"
+    _check_tensor(w, op, "w", _BF16)
+    _check(w.dim() == 2, op, f"w must be 2-D [N, K], got shape {tuple(w.shape)}")
+    n, k = w.shape
+    _check_cuda(op, w=w)
+    values = torch.empty((n, k), dtype=_E4M3, device=w.device)
+    scales = torch.empty((_ceil128(n), _ceil128(k)), dtype=_F32, device=w.device)
+    if n == 0 or k == 0:
+        return values, scales
+    rc = _lib.LIB.fp8proj_quantize_weight(w.data_ptr(), n, k, values.data_ptr(), scales.data_ptr(),
+                                          _raw_stream(w.get_device()))
+    if rc:
+        raise _lib.fail("fp8proj.quantize_weight")
+    return values, scales
+
+
+def _version(t: torch.Tensor) -> int:
+    try:
+        return t._version
+    except RuntimeError:  # inference tensors keep no version counter
+        return -1
+
+
+class _GemmPlans:
+    """fp8_gemm's plans, one per FP8 weight. A plan is bound to the weight's buffers when it is
+    made (a backend may stage a converted copy of the scales), so it is remade when the tensors
+    it was made for have died (their addresses may now hold another weight) or were modified in
+    place (their version counters moved). It is made at the first call for a weight, outside a CUDA graph capture (it
+    may allocate), for up to max_m rows; a larger M makes a larger one."""
+
+    def __init__(self):
+        self.plans: Dict[tuple, tuple] = {}
+
+    def get(self, wv: torch.Tensor, ws: torch.Tensor, m: int) -> int:
+        n, k = wv.shape
+        key = (wv.data_ptr(), ws.data_ptr(), n, k, wv.get_device())
+        hit = self.plans.get(key)
+        if hit is not None:
+            h, max_m, wref, sref, wver, sver = hit
+            # Alive, the addresses cannot have been reused; a view of the same buffer is the same weight.
+            if max_m >= m and wref() is not None and sref() is not None and wver == _version(wv) and \
+                    sver == _version(ws):
+                return h
+        _check(not torch.cuda.is_current_stream_capturing(), "fp8_gemm",
+               f"no plan yet for this {n}x{k} weight at M={m}: run fp8_gemm once before capturing a CUDA graph")
+        max_m = max(8192, _ceil4(m))
+        h = _lib.c_void_p()
+        lib = _lib.lib()
+        _lib.check(lib.fp8proj_fp8_gemm_create(wv.data_ptr(), ws.data_ptr(), n, k, max_m, None, _lib.ctypes.byref(h)),
+                   "fp8proj.fp8_gemm")
+        if hit is not None:
+            lib.fp8proj_fp8_gemm_destroy(hit[0])
+        self.plans[key] = (h.value, max_m, weakref.ref(wv), weakref.ref(ws), _version(wv), _version(ws))
+        return h.value
+
+
+_GEMMS = _GemmPlans()
+
+
+def _fp8_gemm_cuda(xv: torch.Tensor, xs: torch.Tensor, wv: torch.Tensor, ws: torch.Tensor):
+    op = "fp8_gemm"
+    _check_tensor(xv, op, "xv", _E4M3)
+    _check_tensor(xs, op, "xs", _F32)
+    _check_tensor(wv, op, "wv", _E4M3)
+    _check_tensor(ws, op, "ws", _F32)
+    _check(xv.dim() == 2 and wv.dim() == 2 and xs.dim() == 2 and ws.dim() == 2, op,
+           "xv [M, K], xs [K/128, ld], wv [N, K] and ws [ceil(N/128), K/128] must be 2-D")
+    m, k = xv.shape
+    n = wv.shape[0]
+    _check(wv.shape[1] == k, op, f"xv has K={k}, wv has K={wv.shape[1]}")
+    _check(xs.shape[0] == _ceil128(k) and xs.shape[1] >= m and xs.shape[1] % 4 == 0, op,
+           f"xs must be [K/128={_ceil128(k)}, ld >= M={m}, ld a multiple of 4], got {tuple(xs.shape)}")
+    _check(tuple(ws.shape) == (_ceil128(n), _ceil128(k)), op,
+           f"ws must be [{_ceil128(n)}, {_ceil128(k)}], got {tuple(ws.shape)}")
+    _check_cuda(op, xv=xv, xs=xs, wv=wv, ws=ws)
+    y = torch.empty((m, n), dtype=_BF16, device=xv.device)
+    if m == 0:
+        return y
+    plan = _GEMMS.get(wv, ws, m)
+    rc = _lib.LIB.fp8proj_fp8_gemm_run(plan, xv.data_ptr(), xs.data_ptr(), xs.shape[1], m, y.data_ptr(),
+                                       _raw_stream(xv.get_device()))
+    if rc:
+        raise _lib.fail("fp8proj.fp8_gemm")
+    return y
+
+
+def _projection_for(op: str, weight: torch.Tensor, handle: int) -> "_handles.Projection":
+    p = _handles.projection(handle)
+    if weight.data_ptr() != p.weight_ptr:
+        raise ValueError(f"fp8proj.{op}: weight is not the tensor projection '{p.name}' was made from (moved or "
+                         "replaced since); rebuild the module (Fp8ProjLinear.refresh())")
+    return p
+
+
+def _linear_cuda(x: torch.Tensor, weight: torch.Tensor, handle: int):
+    op = "linear"
+    p = _projection_for(op, weight, handle)
+    _check_tensor(x, op, "x", _BF16)
+    m, k = _rows(x, op)
+    _check(k == p.k, op, f"x has K={k}, projection '{p.name}' has K={p.k}")
+    _check_cuda(op, x=x)
+    _check(x.get_device() == p.device_index, op, f"x is on {x.device}, the projection on cuda:{p.device_index}")
+    y = torch.empty(x.shape[:-1] + (p.n,), dtype=_BF16, device=x.device)
+    if m and p.forward_fn(p.handle, x.data_ptr(), m, y.data_ptr(), _raw_stream(p.device_index)):
+        raise _lib.fail(f"fp8proj.linear ({p.name})")
+    return y
+
+
+def _rmsnorm_linear_cuda(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor, handle: int):
+    op = "rmsnorm_linear"
+    p = _projection_for(op, weight, handle)
+    _check(p.rmsnorm_input, op, f"projection '{p.name}' was made without rmsnorm_input")
+    _check_tensor(x, op, "x", _BF16, contiguous=False)
+    _check_tensor(norm_weight, op, "norm_weight", _BF16)
+    x2 = _row_view(x, op)
+    m, k = x2.shape
+    _check(k == p.k, op, f"x has K={k}, projection '{p.name}' has K={p.k}")
+    _check(norm_weight.shape == (k,), op, f"norm_weight must have shape ({k},), got {tuple(norm_weight.shape)}")
+    _check_cuda(op, x=x, norm_weight=norm_weight)
+    _check(norm_weight.get_device() == p.device_index, op, f"norm_weight is on {norm_weight.device}")
+    _check(x.get_device() == p.device_index, op, f"x is on {x.device}, the projection on cuda:{p.device_index}")
+    y = torch.empty(x.shape[:-1] + (p.n,), dtype=_BF16, device=x.device)
+    if m and p.forward_rmsnorm_fn(p.handle, x2.data_ptr(), x2.stride(0) if m > 1 else k, norm_weight.data_ptr(),
+                                  float(eps), m, y.data_ptr(), _raw_stream(p.device_index)):
+        raise _lib.fail(f"fp8proj.rmsnorm_linear ({p.name})")
+    return y
+
+
+# ---- fake implementations (shapes only) ---------------------------------------------------------
+
+def _quantize_activation_fake(x):
+    m, k = _rows(x, "quantize_activation")
+    return x.new_empty(x.shape, dtype=_E4M3), x.new_empty((k // 128, _ceil4(m)), dtype=_F32)
+
+
+def _rmsnorm_quantize_fake(x, weight, eps):
+    return _quantize_activation_fake(x)
+
+
+def _quantize_weight_fake(w):
+    n, k = w.shape
+    return w.new_empty((n, k), dtype=_E4M3), w.new_empty((_ceil128(n), _ceil128(k)), dtype=_F32)
+
+
+def _fp8_gemm_fake(xv, xs, wv, ws):
+    return xv.new_empty((xv.shape[0], wv.shape[0]), dtype=_BF16)
+
+
+def _linear_fake(x, weight, handle):
+    return x.new_empty(x.shape[:-1] + (weight.shape[0],), dtype=_BF16)
+
+
+def _rmsnorm_linear_fake(x, norm_weight, eps, weight, handle):
+    return x.new_empty(x.shape[:-1] + (weight.shape[0],), dtype=_BF16)
+
+
+# ---- registration -------------------------------------------------------------------------------
+
+_SCHEMAS = {
+    "quantize_activation": ("quantize_activation(Tensor x) -> (Tensor, Tensor)",
+                            _quantize_activation_cuda, _quantize_activation_fake),
+    "rmsnorm_quantize": ("rmsnorm_quantize(Tensor x, Tensor weight, float eps) -> (Tensor, Tensor)",
+                         _rmsnorm_quantize_cuda, _rmsnorm_quantize_fake),
+    "quantize_weight": ("quantize_weight(Tensor w) -> (Tensor, Tensor)", _quantize_weight_cuda,
+                        _quantize_weight_fake),
+    "fp8_gemm": ("fp8_gemm(Tensor xv, Tensor xs, Tensor wv, Tensor ws) -> Tensor", _fp8_gemm_cuda, _fp8_gemm_fake),
+    "linear": ("linear(Tensor x, Tensor weight, int handle) -> Tensor", _linear_cuda, _linear_fake),
+    "rmsnorm_linear": ("rmsnorm_linear(Tensor x, Tensor norm_weight, float eps, Tensor weight, int handle) -> Tensor",
+                       _rmsnorm_linear_cuda, _rmsnorm_linear_fake),
+}
+
+
+def _cpu_impl(name):
+    def impl(*args, **kwargs):
+        raise ValueError(f"fp8proj.{name}: got CPU tensors; the fp8proj ops run on CUDA tensors (a Hopper GPU). "
+                         "fp8proj.torch's modules run bf16 on the CPU.")
+    return impl
+
+
+def _cuda_impl(name, fn):
+    def impl(*args):
+        if _lib.LIB is None or not _lib.device_status()[0]:
+            raise _lib.Fp8ProjError(f"fp8proj.{name}: {cuda_status_reason()}")
+        return fn(*args)
+    return impl
+
+
+def cuda_status_reason() -> str:
+    ok, why = _lib.device_status()
+    return "" if ok else why
+
+
+_LIBRARY = torch.library.Library("fp8proj", "DEF")
+for _name, (_schema, _cuda, _fake) in _SCHEMAS.items():
+    _LIBRARY.define(_schema)
+    _LIBRARY.impl(_name, _cuda_impl(_name, _cuda), "CUDA")
+    _LIBRARY.impl(_name, _cpu_impl(_name), "CPU")
+    torch.library.register_fake(f"fp8proj::{_name}", _fake, lib=_LIBRARY)
+
+
+# ---- Python wrappers with the ops' names --------------------------------------------------------
+
+def quantize_activation(x: torch.Tensor):
+    return torch.ops.fp8proj.quantize_activation(x)
+
+
+def rmsnorm_quantize(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6):
+    return torch.ops.fp8proj.rmsnorm_quantize(x, weight, eps)
+
+
+def quantize_weight(w: torch.Tensor):
+    return torch.ops.fp8proj.quantize_weight(w)
+
+
+def fp8_gemm(xv: torch.Tensor, xs: torch.Tensor, wv: torch.Tensor, ws: torch.Tensor):
+    return torch.ops.fp8proj.fp8_gemm(xv, xs, wv, ws)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, handle: int):
+    return torch.ops.fp8proj.linear(x, weight, handle)
+
+
+def rmsnorm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor, handle: int):
+    return torch.ops.fp8proj.rmsnorm_linear(x, norm_weight, eps, weight, handle)

@@ -1,0 +1,319 @@
+"""On a Hopper GPU: every op bit-identical to the C ABI (the C++ layer) on the same inputs, the
+modules under torch.compile(fullgraph=True) and in CUDA graphs bit-exact against eager, the
+error paths with device tensors, and a transformers model patched end to end. Everything here
+skips, with the reason, where there is no Hopper GPU or the library was built without CUDA."""
+import ctypes
+
+import pytest
+import torch
+from torch import nn
+
+import fp8proj
+from fp8proj import _handles, _lib, ops
+from fp8proj.torch import Fp8ProjLinear, Fp8ProjRMSNormLinear
+
+from conftest import tiny_deepseek_v3_config
+
+pytestmark = pytest.mark.usefixtures("gpu")
+BF16, E4M3, F32 = torch.bfloat16, torch.float8_e4m3fn, torch.float32
+
+
+@pytest.fixture(autouse=True)
+def _inference():
+    with torch.no_grad():
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _no_env_knobs(monkeypatch):
+    for k in ("FP8PROJ_PREFILL_FP8", "FP8PROJ_MIN_FP8_TOKENS", "FP8PROJ_DECODE_CEILING", "FP8PROJ_FP8_BACKEND"):
+        monkeypatch.delenv(k, raising=False)
+
+
+def _stream():
+    return torch.cuda.current_stream().cuda_stream
+
+
+def _c_quantize_activation(x, stride=None):
+    m, k = x.shape
+    v = torch.empty((m, k), dtype=E4M3, device="cuda")
+    s = torch.full((k // 128, (m + 3) // 4 * 4), float("nan"), dtype=F32, device="cuda")
+    assert _lib.LIB.fp8proj_quantize_activation(x.data_ptr(), k, m, k, v.data_ptr(), s.data_ptr(), s.shape[1],
+                                                _stream()) == 0, _lib.LIB.last_error()
+    return v, s
+
+
+def _bits(t):
+    return t.view(torch.uint8) if t.dtype == E4M3 else t.view(torch.int32) if t.dtype == F32 else t.view(torch.int16)
+
+
+def _same(a, b):
+    return a.shape == b.shape and torch.equal(_bits(a), _bits(b))
+
+
+def _valid_scales(s, m):
+    return s[:, :m]  # columns m..ld-1 are padding the kernels never read
+
+
+def _rel(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def _dequant_x(v, s):
+    m, k = v.shape
+    return v.float() * s[:, :m].t().repeat_interleave(128, dim=1)
+
+
+def _dequant_w(v, s):
+    n, k = v.shape
+    return v.float() * s.repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k]
+
+
+@pytest.mark.parametrize("m", [1, 5, 4096])
+def test_quantize_activation_bit_identical(m):
+    x = torch.randn(m, 512, dtype=BF16, device="cuda") * 3
+    v, s = ops.quantize_activation(x)
+    rv, rs = _c_quantize_activation(x)
+    assert _same(v, rv) and _same(_valid_scales(s, m), _valid_scales(rs, m))
+    assert _rel(_dequant_x(v, s), x) < 0.07  # e4m3: 3 mantissa bits, power-of-two scales
+
+
+def test_rmsnorm_quantize_strided_bit_identical():
+    m, k, ld = 37, 2048, 2048 + 576  # the q_a columns of fused_qkv_a's output
+    wide = torch.randn(m, ld, dtype=BF16, device="cuda")
+    x = wide[:, :k]
+    w = torch.rand(k, dtype=BF16, device="cuda") + 0.5
+    v, s = ops.rmsnorm_quantize(x, w, 1e-6)
+    rv = torch.empty((m, k), dtype=E4M3, device="cuda")
+    rs = torch.empty((k // 128, 40), dtype=F32, device="cuda")
+    assert _lib.LIB.fp8proj_rmsnorm_quantize(x.data_ptr(), ld, w.data_ptr(), 1e-6, m, k, rv.data_ptr(),
+                                             rs.data_ptr(), 40, _stream()) == 0
+    assert _same(v, rv) and _same(_valid_scales(s, m), _valid_scales(rs, m))
+    v2, s2 = ops.rmsnorm_quantize(x.contiguous(), w, 1e-6)
+    assert _same(v, v2) and _same(_valid_scales(s, m), _valid_scales(s2, m))
+
+
+@pytest.mark.parametrize("n,k", [(384, 256), (300, 256)])
+def test_quantize_weight_bit_identical(n, k):
+    w = torch.randn(n, k, dtype=BF16, device="cuda")
+    v, s = ops.quantize_weight(w)
+    rv = torch.empty_like(v)
+    rs = torch.empty_like(s)
+    assert _lib.LIB.fp8proj_quantize_weight(w.data_ptr(), n, k, rv.data_ptr(), rs.data_ptr(), _stream()) == 0
+    assert _same(v, rv) and _same(s, rs)
+    assert _rel(_dequant_w(v, s), w) < 0.07
+
+
+@pytest.mark.parametrize("m", [1, 96, 4096])
+def test_fp8_gemm_matches_dequantized_product(m):
+    n, k = 1024, 512
+    x = torch.randn(m, k, dtype=BF16, device="cuda")
+    w = torch.randn(n, k, dtype=BF16, device="cuda") / 16
+    xv, xs = ops.quantize_activation(x)
+    wv, ws = ops.quantize_weight(w)
+    y = ops.fp8_gemm(xv, xs, wv, ws)
+    ref = _dequant_x(xv, xs) @ _dequant_w(wv, ws).t()
+    assert y.shape == (m, n) and y.dtype == BF16
+    assert _rel(y, ref) < 8e-3  # fp32 accumulation, one bf16 rounding of the output
+    # The plan the op made is the C ABI's: a plan of our own gives the same bits.
+    h = ctypes.c_void_p()
+    assert _lib.LIB.fp8proj_fp8_gemm_create(wv.data_ptr(), ws.data_ptr(), n, k, 8192, None, ctypes.byref(h)) == 0
+    y2 = torch.empty_like(y)
+    assert _lib.LIB.fp8proj_fp8_gemm_run(h, xv.data_ptr(), xs.data_ptr(), xs.shape[1], m, y2.data_ptr(),
+                                         _stream()) == 0
+    _lib.LIB.fp8proj_fp8_gemm_destroy(h)
+    assert _same(y, y2)
+    # New contents in place (the version counter moves): the op makes a new plan, not stale bits.
+    w2 = torch.randn_like(w) / 16
+    wv2, ws2 = ops.quantize_weight(w2)
+    wv.copy_(wv2)
+    ws.copy_(ws2)
+    assert _rel(ops.fp8_gemm(xv, xs, wv, ws), _dequant_x(xv, xs) @ _dequant_w(wv2, ws2).t()) < 8e-3
+
+
+def _fp8_linear(n=1024, k=512, bias=False, **kw):
+    torch.manual_seed(0)
+    lin = nn.Linear(k, n, bias=bias, dtype=BF16, device="cuda")
+    with torch.no_grad():
+        lin.weight.div_(4)
+    opts = dict(enabled=True, policy="all", threshold=0)
+    opts.update(kw)
+    return lin, Fp8ProjLinear.from_linear(lin, name="test.o_proj", **opts)
+
+
+def test_autograd_gets_the_bf16_path():
+    lin, mod = _fp8_linear()
+    x = torch.randn(4096, 512, dtype=BF16, device="cuda", requires_grad=True)
+    with torch.enable_grad():
+        y = mod(x)  # lin.weight requires grad and grad mode is on: torch's linear, with a backward
+        assert y.grad_fn is not None and torch.equal(y, lin(x))
+    assert mod(x).grad_fn is None and not torch.equal(mod(x), lin(x))
+
+
+@pytest.mark.parametrize("m", [1, 64, 4096])
+def test_linear_op_bit_identical_to_the_layer(m):
+    lin, mod = _fp8_linear()
+    assert mod.uses_fp8(m) and "fp8" in mod.explain(m)
+    x = torch.randn(m, 512, dtype=BF16, device="cuda")
+    y_mod = mod(x)
+    y_op = torch.ops.fp8proj.linear(x, mod.weight, mod._proj.id)
+    ref = _handles.Projection(lin.weight.detach(), name="ref", enabled=True, policy="all", threshold=0)
+    y_c = torch.empty_like(y_mod)
+    assert _lib.LIB.fp8proj_projection_forward(ref.handle, x.data_ptr(), m, y_c.data_ptr(), _stream()) == 0
+    assert _same(y_mod, y_c) and _same(y_op, y_c)
+    assert _rel(y_mod, lin(x)) < 0.08  # e4m3 x and w: ~3.6% RMS each
+    mem = mod.memory()
+    assert mem["fp8_values"] == 1024 * 512 and mem["fp8_scales"] == 8 * 4 * 4
+    assert mod.extra_memory_bytes() >= mem["fp8_values"] + mem["fp8_scales"]
+
+
+def test_gate_by_m_and_the_default_off():
+    lin, mod = _fp8_linear(policy="prefill", threshold=None)
+    assert not mod.uses_fp8(1) and mod.uses_fp8(4096)
+    off = Fp8ProjLinear.from_linear(lin, name="off")  # enabled=None: FP8PROJ_PREFILL_FP8 unset -> off
+    assert not off.uses_fp8(4096) and off.extra_memory_bytes() == 0 and off._proj is None
+    assert "FP8 is off" in off.explain(4096)
+    x = torch.randn(4096, 512, dtype=BF16, device="cuda")
+    assert torch.equal(off(x), lin(x))  # off is the original module, exactly
+
+
+def test_fused_rmsnorm_linear_bit_identical():
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3RMSNorm
+    torch.manual_seed(0)
+    norm = DeepseekV3RMSNorm(2048).to(device="cuda", dtype=BF16)
+    lin = nn.Linear(2048, 3072, bias=False, dtype=BF16, device="cuda")
+    mod = Fp8ProjRMSNormLinear.from_modules(norm, lin, name="q_b_proj", enabled=True, policy="all", threshold=0)
+    wide = torch.randn(200, 2048 + 576, dtype=BF16, device="cuda")
+    x = wide[:, :2048]
+    y = mod(x)
+    ref = _handles.Projection(lin.weight.detach(), name="ref", enabled=True, policy="all", threshold=0,
+                              rmsnorm_input=True)
+    y_c = torch.empty_like(y)
+    assert _lib.LIB.fp8proj_projection_forward_rmsnorm(ref.handle, x.data_ptr(), x.stride(0), norm.weight.data_ptr(),
+                                                       mod.eps, 200, y_c.data_ptr(), _stream()) == 0
+    assert _same(y, y_c)
+    assert _rel(y, lin(norm(x))) < 0.08
+
+
+def test_compiled_fullgraph_bit_exact():
+    torch._dynamo.reset()
+    lin, mod = _fp8_linear()
+    x = torch.randn(512, 512, dtype=BF16, device="cuda")
+    eager = mod(x)
+    compiled = torch.compile(mod, fullgraph=True)
+    assert _same(compiled(x), eager)
+
+
+@pytest.mark.parametrize("m", [1, 2048])
+def test_cuda_graph_capture_and_replay_bit_exact(m):
+    lin, mod = _fp8_linear()
+    x = torch.randn(m, 512, dtype=BF16, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            mod(x)
+            ops.quantize_activation(x)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = mod(x)
+        xv, xs = ops.quantize_activation(x)
+    for _ in range(2):
+        x.copy_(torch.randn_like(x))
+        g.replay()
+        torch.cuda.synchronize()
+        assert _same(y, mod(x))
+        rv, rs = ops.quantize_activation(x)
+        assert _same(xv, rv) and _same(_valid_scales(xs, m), _valid_scales(rs, m))
+
+
+def test_empty_batch():
+    lin, mod = _fp8_linear()
+    x = torch.empty(0, 512, dtype=BF16, device="cuda")
+    assert mod(x).shape == (0, 1024)
+    assert ops.linear(x, mod.weight, mod._proj.id).shape == (0, 1024)
+    v, s = ops.quantize_activation(x)
+    assert v.shape == (0, 512) and s.shape == (4, 0)
+
+
+def test_bad_device_inputs_raise():
+    lin, mod = _fp8_linear()
+    buf = torch.empty(4 * 512 + 1, dtype=BF16, device="cuda")
+    misaligned = buf[1:].view(4, 512)
+    with pytest.raises(fp8proj.Fp8ProjError, match="16-byte aligned"):
+        ops.quantize_activation(misaligned)
+    with pytest.raises(ValueError, match="contiguous"):
+        ops.linear(torch.randn(512, 8, dtype=BF16, device="cuda").t(), mod.weight, mod._proj.id)
+    with pytest.raises(ValueError, match="x has K=256"):
+        ops.linear(torch.randn(8, 256, dtype=BF16, device="cuda"), mod.weight, mod._proj.id)
+    with pytest.raises(TypeError, match="bfloat16"):
+        ops.linear(torch.randn(8, 512, device="cuda"), mod.weight, mod._proj.id)
+    with pytest.raises(ValueError, match="not the tensor"):
+        ops.linear(torch.randn(8, 512, dtype=BF16, device="cuda"), lin.weight.clone(), mod._proj.id)
+    # A shape the FP8 kernels cannot run stays bf16, and explain() says why.
+    odd = Fp8ProjLinear.from_linear(nn.Linear(512, 200, bias=False, dtype=BF16, device="cuda"), name="odd",
+                                    enabled=True, policy="all", threshold=0)
+    assert not odd.uses_fp8(4096) and "200" in odd.explain(4096)
+
+
+def test_in_place_weight_change_requantizes():
+    lin, mod = _fp8_linear()
+    x = torch.randn(1024, 512, dtype=BF16, device="cuda")
+    mod.weight.mul_(-2)  # the FP8 copy is stale now; the next eager call rebuilds the layer
+    assert _rel(mod(x), x @ mod.weight.t()) < 0.08
+
+
+def test_load_state_dict_requantizes():
+    lin, mod = _fp8_linear()
+    x = torch.randn(1024, 512, dtype=BF16, device="cuda")
+    new_w = torch.randn_like(lin.weight) / 4
+    mod.load_state_dict({"weight": new_w})
+    assert _rel(mod(x), x @ new_w.t()) < 0.08
+
+
+def test_transformers_model_patched_end_to_end():
+    import transformers
+    from fp8proj.integrations.transformers import patch, unpatch
+    torch.manual_seed(0)
+    model = transformers.DeepseekV3ForCausalLM(tiny_deepseek_v3_config()).to(device="cuda", dtype=BF16).eval()
+    ids = torch.randint(0, 256, (4, 256), device="cuda")
+    with torch.no_grad():
+        ref = model(ids).logits
+    report = patch(model, enabled=True, policy="all", threshold=0)
+    assert len(report.patched) == 4 and len(report.fused) == 2 and report.note == ""
+    assert model.model.layers[0].self_attn.o_proj.uses_fp8(1024)
+    with torch.no_grad():
+        out = model(ids).logits
+    assert _rel(out, ref) < 0.1, _rel(out, ref)
+    with torch.no_grad():
+        compiled = torch.compile(model, fullgraph=False)(ids).logits
+    assert _rel(compiled, out) < 1e-2
+    unpatch(model)
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, ref)
+
+
+def test_opcheck_every_op():
+    # torch.library.opcheck: schema (no aliasing or mutation), fake impl against the real one
+    # (shapes, strides, dtypes), AOT dispatch with static and dynamic shapes.
+    lin, mod = _fp8_linear()
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3RMSNorm
+    norm = DeepseekV3RMSNorm(512).to(device="cuda", dtype=BF16)
+    fused = Fp8ProjRMSNormLinear.from_modules(norm, nn.Linear(512, 1024, bias=False, dtype=BF16, device="cuda"),
+                                              name="q_b", enabled=True, policy="all", threshold=0)
+    x = torch.randn(96, 512, dtype=BF16, device="cuda")
+    xv, xs = ops.quantize_activation(x)
+    wv, ws = ops.quantize_weight(lin.weight)
+    cases = [
+        (torch.ops.fp8proj.quantize_activation.default, (x,)),
+        (torch.ops.fp8proj.rmsnorm_quantize.default, (x, norm.weight.detach(), 1e-6)),
+        (torch.ops.fp8proj.quantize_weight.default, (lin.weight.detach(),)),
+        (torch.ops.fp8proj.fp8_gemm.default, (xv, xs, wv, ws)),
+        (torch.ops.fp8proj.linear.default, (x, mod.weight.detach(), mod._proj.id)),
+        (torch.ops.fp8proj.rmsnorm_linear.default, (x, norm.weight.detach(), 1e-6, fused.weight.detach(),
+                                                    fused._proj.id)),
+    ]
+    for op, args in cases:
+        torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static",
+                                                    "test_aot_dispatch_dynamic"))

@@ -3,7 +3,7 @@ Hugging Face checkpoint.
 
     python3 accuracy/train.py [--config accuracy/config.json] [--data .data] --out DIR
 
-DIR receives: checkpoint/ (model.safetensors in bf16 with Hugging Face names + config.json),
+DIR receives: checkpoint/ (or --checkpoint-dir: model.safetensors in bf16 with Hugging Face names + config.json),
 checkpoint.sha256, train_log.csv (step, tokens, train loss, val loss, lr, seconds),
 train_summary.json (time, tokens/s, final losses, versions), loss_curve.png.
 
@@ -84,6 +84,7 @@ def main() -> None:
     ap.add_argument("--config", default=str(DEFAULT_CONFIG))
     ap.add_argument("--data", type=Path, default=DEFAULT_DATA)
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--checkpoint-dir", type=Path, help="where the checkpoint goes (default OUT/checkpoint)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     a = ap.parse_args()
 
@@ -173,7 +174,7 @@ def main() -> None:
           f"({tokens / train_s:,.0f} tokens/s); held-out {final_val / math.log(2):.4f} bpb", flush=True)
 
     # The checkpoint: bf16 weights under Hugging Face names, config.json beside them.
-    ck = out / "checkpoint"
+    ck = a.checkpoint_dir or out / "checkpoint"
     model.eval()
     model.to(torch.bfloat16)
     model.save_pretrained(ck, safe_serialization=True)

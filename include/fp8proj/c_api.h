@@ -135,6 +135,15 @@ FP8PROJ_C_EXPORT int fp8proj_projection_explain(const fp8proj_projection* proj, 
 FP8PROJ_C_EXPORT int fp8proj_projection_memory(const fp8proj_projection* proj, size_t* bf16_weight,
                                                size_t* fp8_values, size_t* fp8_scales, size_t* workspace);
 
+/* The projection's id (> 0, never reused in a process): a name for it where a pointer cannot be
+ * held safely, e.g. a torch op's int argument. */
+FP8PROJ_C_EXPORT int fp8proj_projection_id(const fp8proj_projection* proj, int64_t* id);
+
+/* The live projection with this id (a destroyed one's id fails with a message), the bf16 weight
+ * it reads and its shape; weight, n and k may be NULL. Thread-safe. */
+FP8PROJ_C_EXPORT int fp8proj_projection_lookup(int64_t id, fp8proj_projection** out, const void** weight, int64_t* n,
+                                               int64_t* k);
+
 /* NULL is ignored. */
 FP8PROJ_C_EXPORT void fp8proj_projection_destroy(fp8proj_projection* proj);
 

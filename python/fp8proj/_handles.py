@@ -8,14 +8,12 @@ a wild pointer.
 """
 from __future__ import annotations
 
-import itertools
 from ctypes import byref, c_int, c_size_t, c_void_p
 from typing import Dict, Optional
 
 from . import _lib
 
 PATH_NAMES = {0: "none", 1: "bf16", 2: "fp8"}
-_ids = itertools.count(1)
 PROJECTIONS: Dict[int, "Projection"] = {}
 
 
@@ -44,7 +42,7 @@ class Workspace:
 
     def __del__(self):
         h, self._h = getattr(self, "_h", None), None
-        if h and _lib.LIB is not None:
+        if h and _lib is not None and _lib.LIB is not None:  # _lib is None late in interpreter exit
             _lib.LIB.fp8proj_workspace_destroy(h)
 
 
@@ -77,7 +75,9 @@ class Projection:
         self.device_index = weight.get_device()
         self.rmsnorm_input = bool(rmsnorm_input)
         self.has_fp8 = self.memory()["fp8_values"] > 0
-        self.id = next(_ids)
+        pid = ctypes.c_int64()
+        _lib.check(lib.fp8proj_projection_id(self._h, byref(pid)), name)
+        self.id = pid.value  # the C ABI's id: the ops' int argument, also for the C++ kernels
         PROJECTIONS[self.id] = self
         # Bound once: the hot path looks these up per call otherwise.
         self.forward_fn = lib.fp8proj_projection_forward
@@ -102,8 +102,10 @@ class Projection:
 
     def close(self) -> None:
         h, self._h = getattr(self, "_h", None), None
-        PROJECTIONS.pop(getattr(self, "id", None), None)
-        if h and _lib.LIB is not None:
+        # At interpreter exit module globals may already be None: nothing is left to free then.
+        if PROJECTIONS is not None:
+            PROJECTIONS.pop(getattr(self, "id", None), None)
+        if h and _lib is not None and _lib.LIB is not None:
             _lib.LIB.fp8proj_projection_destroy(h)
 
     def __del__(self):

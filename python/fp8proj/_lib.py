@@ -62,6 +62,7 @@ _SIGNATURES = {
     "fp8proj_projection_explain": (c_int, [c_void_p, c_int64, c_char_p, c_size_t]),
     "fp8proj_projection_memory": (
         c_int, [c_void_p, POINTER(c_size_t), POINTER(c_size_t), POINTER(c_size_t), POINTER(c_size_t)]),
+    "fp8proj_projection_id": (c_int, [c_void_p, POINTER(c_int64)]),
     "fp8proj_projection_destroy": (None, [c_void_p]),
 }
 

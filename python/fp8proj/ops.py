@@ -19,6 +19,9 @@ torch.compile(fullgraph=True) traces them as single nodes.
 from __future__ import annotations
 
 import weakref
+import logging
+import os
+from pathlib import Path
 from typing import Dict, Tuple
 
 import torch
@@ -27,6 +30,7 @@ from . import _handles, _lib
 
 __all__ = ["quantize_activation", "rmsnorm_quantize", "quantize_weight", "fp8_gemm", "linear", "rmsnorm_linear"]
 
+_log = logging.getLogger("fp8proj")
 _BF16 = torch.bfloat16
 _E4M3 = torch.float8_e4m3fn
 _F32 = torch.float32
@@ -313,10 +317,34 @@ def cuda_status_reason() -> str:
     return "" if ok else why
 
 
+def _load_kernels() -> str:
+    """Loads libfp8proj_torch.so (python/csrc/torch_ops.cpp: C++ CUDA kernels of the ops over
+    the stable ABI, one dispatcher hop per call instead of a Python frame) from beside the C
+    library; returns where it came from, or "" when it is absent or does not load here (then
+    the Python implementations above serve)."""
+    if _lib.LIB is None or os.environ.get("FP8PROJ_TORCH_KERNELS", "1") == "0":
+        return ""
+    path = Path(_lib.LIB.path).with_name("libfp8proj_torch.so")
+    if not path.exists():
+        return ""
+    try:
+        torch.ops.load_library(str(path))
+    except (OSError, RuntimeError) as e:
+        _log.info("fp8proj: %s did not load (%s); the torch ops use their Python implementations", path, e)
+        return ""
+    return str(path)
+
+
 _LIBRARY = torch.library.Library("fp8proj", "DEF")
 for _name, (_schema, _cuda, _fake) in _SCHEMAS.items():
     _LIBRARY.define(_schema)
-    _LIBRARY.impl(_name, _cuda_impl(_name, _cuda), "CUDA")
+KERNELS = _load_kernels()
+# The ops whose CUDA kernel is C++ (libfp8proj_torch.so); the others get the Python one.
+CPP_OPS = frozenset(n for n in _SCHEMAS if KERNELS and torch._C._dispatch_has_kernel_for_dispatch_key(
+    f"fp8proj::{n}", "CUDA"))
+for _name, (_schema, _cuda, _fake) in _SCHEMAS.items():
+    if _name not in CPP_OPS:
+        _LIBRARY.impl(_name, _cuda_impl(_name, _cuda), "CUDA")
     _LIBRARY.impl(_name, _cpu_impl(_name), "CPU")
     torch.library.register_fake(f"fp8proj::{_name}", _fake, lib=_LIBRARY)
 

@@ -32,6 +32,10 @@ from . import ops as _ops
 __all__ = ["Fp8ProjLinear", "Fp8ProjRMSNormLinear", "DeferredRMSNorm", "Workspace"]
 
 log = logging.getLogger("fp8proj")
+# The ops' C++ kernels (libfp8proj_torch.so) when they loaded: the modules' eager calls go through
+# them (one dispatcher hop); otherwise straight to the C ABI through ctypes.
+_CPP_LINEAR = torch.ops.fp8proj.linear.default if "linear" in _ops.CPP_OPS else None
+_CPP_RMSNORM_LINEAR = torch.ops.fp8proj.rmsnorm_linear.default if "rmsnorm_linear" in _ops.CPP_OPS else None
 _BF16 = torch.bfloat16
 _raw_stream = torch._C._cuda_getCurrentRawStream
 _said = set()
@@ -245,6 +249,8 @@ class Fp8ProjLinear(_GatedBase):
         if self._stale():
             self._check_weight_in_place()
             return self.forward(x)
+        if _CPP_LINEAR is not None:  # the C++ kernel: checks and launch without a Python frame
+            return _CPP_LINEAR(x, self.weight, p.id)
         k = x.shape[-1]
         if k != p.k or x.get_device() != p.device_index:
             return _ops._linear_cuda(x, self.weight, p.id)  # raises, naming the mismatch
@@ -319,6 +325,8 @@ class Fp8ProjRMSNormLinear(_GatedBase):
         if self._stale():
             self._check_weight_in_place()
             return self.forward(x)
+        if _CPP_RMSNORM_LINEAR is not None:
+            return _CPP_RMSNORM_LINEAR(x, nw, self.eps, self.weight, p.id)
         k = x.shape[-1]
         if x.dim() != 2 or k != p.k or x.get_device() != p.device_index or nw.get_device() != p.device_index:
             return _ops._rmsnorm_linear_cuda(x, nw, self.eps, self.weight, p.id)  # checks, views, names mismatches

@@ -7,8 +7,10 @@
 #include <cstring>
 #include <exception>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -30,6 +32,7 @@ struct fp8proj_workspace {
 
 struct fp8proj_projection {
   std::unique_ptr<fp8proj::ProjectionLayer> layer;
+  int64_t id = 0;  // fp8proj_projection_lookup's key
 };
 
 struct fp8proj_fp8_gemm {
@@ -42,6 +45,19 @@ namespace fp8proj {
 namespace {
 
 thread_local std::string last_error;
+
+// Live projections by id: callers that cannot hold a pointer safely (a torch op's int argument)
+// name a projection by its id, and a stale id is an error, not a wild pointer. Ids are never
+// reused in a process.
+struct ProjectionRegistry {
+  std::mutex mutex;
+  int64_t next_id = 1;
+  std::unordered_map<int64_t, fp8proj_projection*> live;
+};
+ProjectionRegistry& registry() {
+  static auto* r = new ProjectionRegistry();  // outlives static destruction (handles freed at exit)
+  return *r;
+}
 
 template <typename F>
 int guarded(F&& f) noexcept {
@@ -222,6 +238,12 @@ void projection_create(const void* weight, int64_t n, int64_t k, const fp8proj_p
   check_device_pointer(weight, "weight");
   auto p = std::make_unique<fp8proj_projection>();
   p->layer = std::make_unique<ProjectionLayer>(MemorySpace::device, static_cast<const bf16*>(weight), n, k, po);
+  {
+    ProjectionRegistry& r = registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    p->id = r.next_id++;
+    r.live.emplace(p->id, p.get());
+  }
   *out = p.release();
 }
 
@@ -360,7 +382,42 @@ int fp8proj_projection_memory(const fp8proj_projection* proj, size_t* bf16_weigh
   });
 }
 
-void fp8proj_projection_destroy(fp8proj_projection* proj) { delete proj; }
+int fp8proj_projection_id(const fp8proj_projection* proj, int64_t* id) {
+  return fp8proj::guarded([&] {
+    FP8PROJ_CHECK(id != nullptr, "id is null");
+    FP8PROJ_CHECK(proj != nullptr && proj->layer, "projection handle is null");
+    *id = proj->id;
+  });
+}
+
+int fp8proj_projection_lookup(int64_t id, fp8proj_projection** out, const void** weight, int64_t* n, int64_t* k) {
+  return fp8proj::guarded([&] {
+    FP8PROJ_CHECK(out != nullptr, "out is null");
+    *out = nullptr;
+    fp8proj::ProjectionRegistry& r = fp8proj::registry();
+    fp8proj_projection* p = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(r.mutex);
+      auto it = r.live.find(id);
+      if (it != r.live.end()) p = it->second;
+    }
+    FP8PROJ_CHECK(p != nullptr, "projection ", id, " is not live (its owner was destroyed or rebuilt)");
+    *out = p;
+    if (weight) *weight = p->layer->bf16_weight();
+    if (n) *n = p->layer->n();
+    if (k) *k = p->layer->k();
+  });
+}
+
+void fp8proj_projection_destroy(fp8proj_projection* proj) {
+  if (!proj) return;
+  {
+    fp8proj::ProjectionRegistry& r = fp8proj::registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    r.live.erase(proj->id);
+  }
+  delete proj;
+}
 
 int fp8proj_device_status(int* fp8_ok, char* buf, size_t size) {
   return fp8proj::guarded([&] {

@@ -1,0 +1,288 @@
+// CUDA kernels of the fp8proj torch ops, registered through libtorch's stable ABI.
+//
+// The ops' schemas and fake implementations are defined in Python (python/fp8proj/ops.py); this
+// library adds their CUDA implementations as C++ kernels over the C ABI (libfp8proj_c.so), so an
+// eager call costs one dispatcher hop and one allocation instead of a Python frame. It uses only
+// the stable C shim (aoti_torch_* / torch_*), so one build loads into every torch release from
+// the one it was built with (TORCH_TARGET_VERSION) on; where it is absent or does not load,
+// ops.py keeps its own Python implementations.
+//
+// Checks read metadata only (no device memory, no synchronisation): every op can be captured in
+// a CUDA graph. Errors throw std::runtime_error, which torch turns into a RuntimeError carrying
+// the message.
+#include <torch/csrc/inductor/aoti_torch/c/shim.h>
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/tensor.h>
+
+#include <array>
+#include <cstdint>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+
+#include "fp8proj/c_api.h"
+
+namespace {
+
+using torch::stable::Tensor;
+
+[[noreturn]] void fail(const char* op, const std::string& msg) {
+  throw std::runtime_error(std::string("fp8proj.") + op + ": " + msg);
+}
+[[noreturn]] void fail_c(const char* op) { fail(op, fp8proj_last_error()); }
+
+void check(bool ok, const char* op, const std::string& msg) {
+  if (!ok) fail(op, msg);
+}
+
+int32_t dtype_bf16() { static const int32_t v = aoti_torch_dtype_bfloat16(); return v; }
+int32_t dtype_e4m3() { static const int32_t v = aoti_torch_dtype_float8_e4m3fn(); return v; }
+int32_t dtype_f32() { static const int32_t v = aoti_torch_dtype_float32(); return v; }
+int32_t device_cuda() { static const int32_t v = aoti_torch_device_type_cuda(); return v; }
+
+int32_t dtype_of(const Tensor& t) {
+  int32_t d = 0;
+  aoti_torch_get_dtype(t.get(), &d);
+  return d;
+}
+
+const char* dtype_name(int32_t d) {
+  if (d == dtype_bf16()) return "torch.bfloat16";
+  if (d == dtype_e4m3()) return "torch.float8_e4m3fn";
+  if (d == dtype_f32()) return "torch.float32";
+  return "another dtype";
+}
+
+void check_tensor(const Tensor& t, const char* op, const char* what, int32_t dtype, bool contiguous = true) {
+  const int32_t d = dtype_of(t);
+  if (d != dtype) fail(op, std::string(what) + " must be " + dtype_name(dtype) + ", got " + dtype_name(d));
+  if (!t.is_cuda()) fail(op, std::string(what) + " is not a CUDA tensor; the fp8proj ops run on CUDA tensors");
+  if (contiguous && !t.is_contiguous()) fail(op, std::string(what) + " must be contiguous");
+}
+
+void check_same_device(const Tensor& a, const Tensor& b, const char* op, const char* what) {
+  if (a.get_device_index() != b.get_device_index())
+    fail(op, std::string(what) + " is on cuda:" + std::to_string(b.get_device_index()) + ", x on cuda:" +
+                 std::to_string(a.get_device_index()));
+}
+
+Tensor empty(std::initializer_list<int64_t> sizes, int32_t dtype, int32_t device_index) {
+  std::array<int64_t, 8> sz{}, st{};
+  const int64_t nd = static_cast<int64_t>(sizes.size());
+  int64_t i = 0;
+  for (int64_t s : sizes) sz[i++] = s;
+  int64_t stride = 1;
+  for (int64_t d = nd - 1; d >= 0; --d) {
+    st[d] = stride;
+    stride *= sz[d] > 1 ? sz[d] : 1;
+  }
+  AtenTensorHandle h = nullptr;
+  if (aoti_torch_empty_strided(nd, sz.data(), st.data(), dtype, device_cuda(), device_index, &h) != AOTI_TORCH_SUCCESS)
+    throw std::runtime_error("fp8proj: could not allocate an output tensor");
+  return Tensor(h);
+}
+
+Tensor empty_like_rows(const Tensor& x, int64_t last, int32_t dtype) {  // x.shape[:-1] + (last,)
+  std::array<int64_t, 8> sz{}, st{};
+  const int64_t nd = x.dim();
+  check(nd >= 1 && nd <= 8, "op", "x must have 1 to 8 dimensions");
+  for (int64_t d = 0; d < nd; ++d) sz[d] = x.size(d);
+  sz[nd - 1] = last;
+  int64_t stride = 1;
+  for (int64_t d = nd - 1; d >= 0; --d) {
+    st[d] = stride;
+    stride *= sz[d] > 1 ? sz[d] : 1;
+  }
+  AtenTensorHandle h = nullptr;
+  if (aoti_torch_empty_strided(nd, sz.data(), st.data(), dtype, device_cuda(), x.get_device_index(), &h) !=
+      AOTI_TORCH_SUCCESS)
+    throw std::runtime_error("fp8proj: could not allocate an output tensor");
+  return Tensor(h);
+}
+
+void* stream_of(int32_t device_index) {
+  void* s = nullptr;
+  aoti_torch_get_current_cuda_stream(device_index, &s);
+  return s;
+}
+
+int64_t ceil4(int64_t m) { return (m + 3) / 4 * 4; }
+
+// x[..., K] with unit column stride as rows a fixed stride apart: (m, k, row stride).
+std::tuple<int64_t, int64_t, int64_t> rows_of(const Tensor& x, const char* op) {
+  const int64_t nd = x.dim();
+  check(nd >= 1, op, "x must have at least one dimension");
+  const int64_t k = x.size(nd - 1);
+  check(x.stride(nd - 1) == 1 || k == 1, op, "x's last dimension must have stride 1");
+  int64_t m = 1;
+  for (int64_t d = 0; d < nd - 1; ++d) m *= x.size(d);
+  if (nd == 1 || m <= 1) return {m, k, k};
+  // Leading dimensions must collapse into one row index (x.view(-1, K) succeeds).
+  const int64_t row = x.stride(nd - 2);
+  int64_t expect = row * x.size(nd - 2);
+  for (int64_t d = nd - 3; d >= 0; --d) {
+    if (x.size(d) != 1 && x.stride(d) != expect)
+      fail(op, "x is not rows of K elements a fixed stride apart; pass x.contiguous() or a 2-D row-strided view");
+    expect *= x.size(d);
+  }
+  return {m, k, row};
+}
+
+// The ops' int argument names a live projection (an id, never a pointer): a stale or unknown id
+// is an error message, not a wild pointer. `weight` must be the tensor it was made from.
+struct Projection {
+  fp8proj_projection* handle = nullptr;
+  int64_t n = 0, k = 0;
+};
+Projection projection(int64_t id, const Tensor& weight, const char* op) {
+  Projection p;
+  const void* w = nullptr;
+  if (fp8proj_projection_lookup(id, &p.handle, &w, &p.n, &p.k) != 0) fail_c(op);
+  if (weight.data_ptr() != w)
+    fail(op, "weight is not the tensor this projection was made from (moved or replaced since); rebuild the module");
+  return p;
+}
+
+Tensor linear(Tensor x, Tensor weight, int64_t handle) {
+  const char* op = "linear";
+  check_tensor(x, op, "x", dtype_bf16());
+  check_tensor(weight, op, "weight", dtype_bf16());
+  check_same_device(x, weight, op, "weight");
+  const Projection p = projection(handle, weight, op);
+  const auto [m, k, stride] = rows_of(x, op);
+  (void)stride;
+  check(k == p.k, op, "x has K=" + std::to_string(k) + ", the projection has K=" + std::to_string(p.k));
+  Tensor y = empty_like_rows(x, p.n, dtype_bf16());
+  if (m > 0 && fp8proj_projection_forward(p.handle, x.data_ptr(), m, y.data_ptr(), stream_of(x.get_device_index())) != 0)
+    fail_c(op);
+  return y;
+}
+
+Tensor rmsnorm_linear(Tensor x, Tensor norm_weight, double eps, Tensor weight, int64_t handle) {
+  const char* op = "rmsnorm_linear";
+  check_tensor(x, op, "x", dtype_bf16(), /*contiguous=*/false);
+  check_tensor(norm_weight, op, "norm_weight", dtype_bf16());
+  check_tensor(weight, op, "weight", dtype_bf16());
+  check_same_device(x, norm_weight, op, "norm_weight");
+  check_same_device(x, weight, op, "weight");
+  const Projection p = projection(handle, weight, op);
+  const auto [m, k, stride] = rows_of(x, op);
+  check(k == p.k, op, "x has K=" + std::to_string(k) + ", the projection has K=" + std::to_string(p.k));
+  check(norm_weight.dim() == 1 && norm_weight.size(0) == k, op,
+        "norm_weight must have shape (" + std::to_string(k) + ",)");
+  Tensor y = empty_like_rows(x, p.n, dtype_bf16());
+  if (m > 0 && fp8proj_projection_forward_rmsnorm(p.handle, x.data_ptr(), stride, norm_weight.data_ptr(),
+                                                  static_cast<float>(eps), m, y.data_ptr(),
+                                                  stream_of(x.get_device_index())) != 0)
+    fail_c(op);
+  return y;
+}
+
+std::tuple<Tensor, Tensor> quantize_rows(const char* op, const Tensor& x, const Tensor* norm_weight, double eps) {
+  check_tensor(x, op, "x", dtype_bf16(), /*contiguous=*/norm_weight == nullptr);
+  const auto [m, k, stride] = rows_of(x, op);
+  check(k > 0 && k % 128 == 0, op, "K=" + std::to_string(k) + " must be a positive multiple of 128 (1x128 scale groups)");
+  if (norm_weight) {
+    check_tensor(*norm_weight, op, "weight", dtype_bf16());
+    check_same_device(x, *norm_weight, op, "weight");
+    check(norm_weight->dim() == 1 && norm_weight->size(0) == k, op, "weight must have shape (" + std::to_string(k) + ",)");
+  }
+  const int32_t dev = x.get_device_index();
+  Tensor values = empty_like_rows(x, k, dtype_e4m3());
+  const int64_t ld = ceil4(m);
+  Tensor scales = empty({k / 128, ld}, dtype_f32(), dev);
+  if (m == 0) return {values, scales};
+  const int rc = norm_weight ? fp8proj_rmsnorm_quantize(x.data_ptr(), stride, norm_weight->data_ptr(),
+                                                        static_cast<float>(eps), m, k, values.data_ptr(),
+                                                        static_cast<float*>(scales.data_ptr()), ld, stream_of(dev))
+                             : fp8proj_quantize_activation(x.data_ptr(), k, m, k, values.data_ptr(),
+                                                           static_cast<float*>(scales.data_ptr()), ld, stream_of(dev));
+  if (rc != 0) fail_c(op);
+  return {values, scales};
+}
+
+std::tuple<Tensor, Tensor> quantize_activation(Tensor x) { return quantize_rows("quantize_activation", x, nullptr, 0.0); }
+
+std::tuple<Tensor, Tensor> rmsnorm_quantize(Tensor x, Tensor weight, double eps) {
+  return quantize_rows("rmsnorm_quantize", x, &weight, eps);
+}
+
+// fp8_gemm's plans, one per FP8 weight (values, scales, shape, device), made at the first call
+// for that weight (it allocates: not inside a graph capture) for up to max(8192, M) rows.
+struct PlanKey {
+  const void* wv;
+  const void* ws;
+  int64_t n, k;
+  int32_t device;
+  bool operator==(const PlanKey&) const = default;
+};
+struct PlanKeyHash {
+  size_t operator()(const PlanKey& p) const {
+    return std::hash<const void*>()(p.wv) ^ (std::hash<const void*>()(p.ws) << 1) ^ std::hash<int64_t>()(p.n * 131 + p.k);
+  }
+};
+struct Plan {
+  fp8proj_fp8_gemm* gemm = nullptr;
+  int64_t max_m = 0;
+};
+std::mutex plans_mutex;
+std::unordered_map<PlanKey, Plan, PlanKeyHash>& plans() {
+  static auto* m = new std::unordered_map<PlanKey, Plan, PlanKeyHash>();  // outlives static destruction
+  return *m;
+}
+
+fp8proj_fp8_gemm* plan_for(const Tensor& wv, const Tensor& ws, int64_t m, int32_t dev) {
+  const PlanKey key{wv.data_ptr(), ws.data_ptr(), wv.size(0), wv.size(1), dev};
+  std::lock_guard<std::mutex> lock(plans_mutex);
+  auto& table = plans();
+  auto it = table.find(key);
+  if (it != table.end() && it->second.max_m >= m) return it->second.gemm;
+  // Making a plan allocates, which a CUDA graph capture refuses: the C ABI then fails with the
+  // CUDA error, and the message says to run fp8_gemm once before capturing.
+  const int64_t max_m = m > 8192 ? ceil4(m) : 8192;
+  fp8proj_fp8_gemm* g = nullptr;
+  if (fp8proj_fp8_gemm_create(key.wv, static_cast<const float*>(key.ws), key.n, key.k, max_m, nullptr, &g) != 0)
+    fail("fp8_gemm", std::string(fp8proj_last_error()) + " (a plan for a new weight or a larger M is made at the "
+                     "first call, outside CUDA graph capture: run fp8_gemm once before capturing)");
+  if (it != table.end()) fp8proj_fp8_gemm_destroy(it->second.gemm);
+  table[key] = Plan{g, max_m};
+  return g;
+}
+
+Tensor fp8_gemm(Tensor xv, Tensor xs, Tensor wv, Tensor ws) {
+  const char* op = "fp8_gemm";
+  check_tensor(xv, op, "xv", dtype_e4m3());
+  check_tensor(xs, op, "xs", dtype_f32());
+  check_tensor(wv, op, "wv", dtype_e4m3());
+  check_tensor(ws, op, "ws", dtype_f32());
+  check_same_device(xv, xs, op, "xs");
+  check_same_device(xv, wv, op, "wv");
+  check_same_device(xv, ws, op, "ws");
+  check(xv.dim() == 2 && xs.dim() == 2 && wv.dim() == 2 && ws.dim() == 2, op,
+        "xv [M, K], xs [K/128, ld], wv [N, K] and ws [ceil(N/128), K/128] must be 2-D");
+  const int64_t m = xv.size(0), k = xv.size(1), n = wv.size(0);
+  check(wv.size(1) == k, op, "xv has K=" + std::to_string(k) + ", wv has K=" + std::to_string(wv.size(1)));
+  check(xs.size(0) == (k + 127) / 128 && xs.size(1) >= m && xs.size(1) % 4 == 0, op,
+        "xs must be [K/128, ld >= M, ld a multiple of 4]");
+  check(ws.size(0) == (n + 127) / 128 && ws.size(1) == (k + 127) / 128, op, "ws must be [ceil(N/128), ceil(K/128)]");
+  const int32_t dev = xv.get_device_index();
+  Tensor y = empty({m, n}, dtype_bf16(), dev);
+  if (m == 0) return y;
+  fp8proj_fp8_gemm* g = plan_for(wv, ws, m, dev);
+  if (fp8proj_fp8_gemm_run(g, xv.data_ptr(), static_cast<const float*>(xs.data_ptr()), xs.size(1), m, y.data_ptr(),
+                           stream_of(dev)) != 0)
+    fail_c(op);
+  return y;
+}
+
+}  // namespace
+
+STABLE_TORCH_LIBRARY_IMPL(fp8proj, CUDA, m) {
+  m.impl("linear", TORCH_BOX(&linear));
+  m.impl("rmsnorm_linear", TORCH_BOX(&rmsnorm_linear));
+  m.impl("quantize_activation", TORCH_BOX(&quantize_activation));
+  m.impl("rmsnorm_quantize", TORCH_BOX(&rmsnorm_quantize));
+  m.impl("fp8_gemm", TORCH_BOX(&fp8_gemm));
+}

@@ -68,7 +68,7 @@ want info && {
   "$FP8" info | head -20
 }
 want tests && {
-  run gpu_tests 300 "$BIN/fp8proj_gpu_tests" --gtest_output="xml:$R/gpu_tests.xml"
+  run gpu_tests 420 "$BIN/fp8proj_gpu_tests" --gtest_output="xml:$R/gpu_tests.xml"
   # Checkpoint tests need the fixtures CTest writes first; CI runs them.
   run cpu_tests 120 "$BIN/fp8proj_cpu_tests" --gtest_brief=1 --gtest_filter=-Checkpoint*
 }
@@ -84,8 +84,16 @@ want design && [ -x "$BIN/sm90_fp8_gemm_harness" ] && \
   run harness_design 240 "$BIN/sm90_fp8_gemm_harness" --shapes design --reps 15
 want tune && run tune 420 "$FP8" tune --model glm5,deepseek-v3 --tp 1,2,4,8 --out "$R/nvidia-h200.json" \
   --csv "$R/tune.csv" --md "$R/tune.md"
-# Later steps measure with the table just made (the layer reads it at construction).
-[ -s "$R/nvidia-h200.json" ] && export FP8PROJ_TUNE_FILE="$R/nvidia-h200.json" && log "using $FP8PROJ_TUNE_FILE"
+# Later steps measure with the table just made (the layer reads it at construction), else with
+# the shipped one named explicitly: carried binaries look for configs/ under the tree they were
+# built from, which need not exist here, and without a table the gate falls back to FP8 above
+# M = 512 under either policy (a decode step under `all` then stays bf16).
+if [ -s "$R/nvidia-h200.json" ]; then
+  export FP8PROJ_TUNE_FILE="$R/nvidia-h200.json"
+elif [ -z "${FP8PROJ_TUNE_FILE:-}" ] && [ -s configs/nvidia-h200.json ]; then
+  export FP8PROJ_TUNE_FILE="$PWD/configs/nvidia-h200.json"
+fi
+[ -n "${FP8PROJ_TUNE_FILE:-}" ] && log "using $FP8PROJ_TUNE_FILE"
 want bench && run bench 420 "$FP8" bench --csv "$R/bench.csv" --json "$R/bench.json"
 want layer && run layer 300 "$FP8" layer --model glm5 --tp 1,4 --seqs 4,8,16,32,64 --seqlen 1024 \
   --csv "$R/layer.csv" --json "$R/layer.json" --md "$R/layer.md"

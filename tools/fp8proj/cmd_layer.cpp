@@ -27,6 +27,7 @@
 #include "fp8proj/projection.hpp"
 #include "fp8proj/reference.hpp"
 #include "fp8proj/timing.hpp"
+#include "fp8proj/tune.hpp"
 
 namespace fp8proj::cli {
 
@@ -103,6 +104,17 @@ void run_layer(const LayerArgs& a) {
   topt.flush_l2 = gpu && !a.no_flush;
   TimingOptions sopt = topt;  // the per-stage profile: fewer runs, the same rules
   sopt.reps = std::max(1, std::min(topt.reps, 10));
+  // Which table gates the blocks. Without one (no file for this GPU in the build's configs/, or
+  // FP8PROJ_TUNE_FILE unset on a machine where that path does not exist) the default threshold
+  // (FP8 above M = 512) applies under either policy, so a decode step stays bf16 even under
+  // `all` -- say so up front rather than leave it to the path column.
+  if (gpu) {
+    const TuneTable* table = active_tune_table();
+    fmt::print("tuned table: {}\n", table ? table->source
+                                            : std::string("none (FP8PROJ_TUNE_FILE unset and no table for this GPU in "
+                                                          "the build's configs/): FP8 only above M = 512, decode "
+                                                          "batches stay bf16 under either policy"));
+  }
   // The two blocks are exactly "off" and "on": FP8PROJ_PREFILL_FP8 (which `explain` honours) does
   // not pick the policy here, --policy does.
   if (std::getenv("FP8PROJ_PREFILL_FP8"))

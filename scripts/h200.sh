@@ -7,7 +7,7 @@
 #
 #   bash scripts/h200.sh [step ...]      steps: info tests verify bench layer tune check
 #                                               harness correctness design sanitize profile
-#                                               ntail layer_dense decode_policy
+#                                               ntail layer_dense decode_policy layer_residual
 #                                               (default: info tests verify bench layer harness
 #                                               sanitize)
 # Each step has its own timeout so that one hang cannot eat the session.
@@ -120,6 +120,12 @@ want layer_dense && for model in glm5 deepseek-v3; do
   run "layer_dense_$model" 420 "$FP8" layer --model "$model" --tp 1,4 --seqs 4,8,16,32,64 --seqlen 1024 \
     --fp8-all-dense --policy all --csv "$R/layer_dense_$model.csv" --json "$R/layer_dense_$model.json" \
     --md "$R/layer_dense_$model.md"
+done
+# layer_residual: the block from the residual stream (input RMSNorm inside fused_qkv_a's input
+# pass, fused with its 1x128 quantization on the FP8 path), every dense GEMM tagged.
+want layer_residual && for model in glm5 deepseek-v3; do
+  run "layer_residual_$model" 300 "$FP8" layer --model "$model" --tp 1,4 --seqs 4,16,64 --seqlen 1024 --no-decode \
+    --fp8-all-dense --residual --policy all --csv "$R/layer_residual_$model.csv" --json "$R/layer_residual_$model.json"
 done
 want decode_policy && for model in glm5 deepseek-v3; do
   run "decode_prefill_$model" 300 "$FP8" layer --model "$model" --tp 1,4 --seqs 4,64 --seqlen 1024 \

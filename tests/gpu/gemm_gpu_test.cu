@@ -245,7 +245,11 @@ INSTANTIATE_TEST_SUITE_P(
                       std::tuple<std::string, int64_t, int64_t>{"m128n192_ws2_st4_mc2", 640, 1024},
                       std::tuple<std::string, int64_t, int64_t>{"m128n160_ws2_st5_mc2", 512, 1024},
                       std::tuple<std::string, int64_t, int64_t>{"m128n96_ws2_st7_mcn2", 640, 1024},
-                      std::tuple<std::string, int64_t, int64_t>{"m128n192_ws2_st4_mcn2", 640, 1024}),
+                      std::tuple<std::string, int64_t, int64_t>{"m128n192_ws2_st4_mcn2", 640, 1024},
+                      // N % 128 != 0 through the kernels compiled for one K (kernels::FixedK)
+                      std::tuple<std::string, int64_t, int64_t>{"m256n128_ws2_st3", 2112, 1536},
+                      std::tuple<std::string, int64_t, int64_t>{"m128n192_ws2_st4", 2624, 2048},
+                      std::tuple<std::string, int64_t, int64_t>{"m128n192_ws2_st4_c", 576, 4096}),
     [](const auto& info) {
       return std::get<0>(info.param) + "_n" + std::to_string(std::get<1>(info.param)) + "_k" +
              std::to_string(std::get<2>(info.param));

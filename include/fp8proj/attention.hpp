@@ -7,7 +7,8 @@
 //   out [T, H, d_v]  : [H*d_v, d_v, 1]       bf16
 //   seq_offsets [B+1] int32, in the memory space of the tensors: sequence b is tokens
 //   [seq_offsets[b], seq_offsets[b+1]); token i of a sequence attends to tokens 0..i of it.
-//   scores = softmax_scale * q.k, softmax in fp32, output normalized in fp32, bf16 out.
+//   scores = softmax_scale * q.k, softmax in fp32, output normalized in fp32, bf16 out (or, with
+//   out_fp8, that bf16 output quantized to e4m3 + 1x128 scales in the same kernel).
 //
 // Decode (absorbed MLA): one query token per sequence attends to the latent KV cache.
 //   q_latent [B, H, kv_lora] bf16  (q_nope already multiplied by W_UK, so scores are taken
@@ -40,6 +41,12 @@ struct PrefillAttentionArgs {
   int max_seqlen = 0;  // longest sequence (host-known; sizes the grid)
   int heads = 0, d_qk = 0, d_v = 0;
   float softmax_scale = 0;
+  // Optional FP8 output in place of `out` (o_proj's input, quantized in the attention epilogue):
+  // values [T, H*d_v] e4m3 and 1x128 UE8M0 scales [H*d_v/128][scale_ld] (M-contiguous), exactly
+  // quantize_activation() of the bf16 output. Needs d_v % 128 == 0 (every group inside one head:
+  // GLM-5 d_v 256, DeepSeek-V3 128), out_fp8.k = H*d_v, out_fp8.m >= total_tokens and the
+  // sequences to cover all total_tokens rows. `out` may then be null and is not written.
+  Fp8ActivationOut out_fp8;
 };
 
 struct DecodeAttentionArgs {

@@ -26,6 +26,20 @@ namespace fp8proj {
 
 enum class GemmKind : uint8_t { bf16, fp8_block };
 
+// The shapes the block-scaled FP8 path takes: the one eligibility rule of the layer, the sm90
+// backend and the tuner. "" when (N, K) qualifies, else why not.
+//   K % 128 == 0: 1x128 activation groups and whole 128-wide weight blocks along K.
+//   N % 16 == 0: the last 128-row weight block may be partial (its scale covers the rows that
+//     exist; fused_qkv_a's 2624 / 2112 rows, kv_a's 576); 16 keeps the bf16 output rows a
+//     multiple of 16 bytes twice over (TMA needs N % 8) and every tile's last column chunk whole.
+inline std::string fp8_block_shape_reason(int64_t n, int64_t k) {
+  if (n <= 0 || k <= 0) return "N and K must be positive, got N=" + std::to_string(n) + " K=" + std::to_string(k);
+  if (k % 128 != 0) return "K=" + std::to_string(k) + " is not a multiple of 128 (1x128 activation groups)";
+  if (n % 16 != 0) return "N=" + std::to_string(n) + " is not a multiple of 16 (16-byte output rows, whole column chunks)";
+  return "";
+}
+inline bool fp8_block_shape_ok(int64_t n, int64_t k) { return fp8_block_shape_reason(n, k).empty(); }
+
 struct GemmPlanOptions {
   int64_t max_m = 32768;  // workspaces are sized for this many rows
   // Tuned configurations: (largest M of the bucket, backend-specific config name), sorted by

@@ -1,5 +1,7 @@
 // The MLA attention block (DeepSeek-V2/V3, GLM-5) with its two tagged projections, q_b_proj
-// and o_proj, on the gated FP8 path (docs/design.md). Host (the CPU reference) and device.
+// and o_proj, on the gated FP8 path (docs/design.md), and opt-in the other two dense GEMMs,
+// fused_qkv_a and kv_b_proj (MlaOptions::fp8_fused_qkv_a / fp8_kv_b_proj). Host (the CPU
+// reference) and device.
 //
 // Per rank (heads split over tp_size ranks; H = heads / tp_size local heads), T tokens:
 //
@@ -15,8 +17,9 @@
 //            attention per sequence (prefill_attention, attention.hpp)
 //   decode:  kv_b_proj absorbed: q_latent_h = q_nope_h . W_UK_h, attention over the latent
 //            cache (decode_attention), out_h = out_latent_h . W_UV_h^T
-//   y      = o_proj(attn_out)                   [T, hidden]  tagged; its input is quantized by
-//            the memory-bound QuantOps::quantize_activation pass on the FP8 path
+//   y      = o_proj(attn_out)                   [T, hidden]  tagged; on the FP8 path its input is
+//            quantized by the prefill attention kernel's epilogue (MlaOptions::fuse_attention_quant)
+//            or, in decode, by the memory-bound QuantOps::quantize_activation pass
 //
 // RoPE is DeepSeek's interleaved-pair layout: pair i of a rope vector is (x[2i], x[2i+1]),
 // rotated by pos * inv_freq[i], in fp32, rounded to bf16 (SGLang's is_neox_style=False for
@@ -143,6 +146,22 @@ struct MlaOptions {
   // decode_ceiling, fp8_backend, use_tune_table, tuned, apply_env. The block sets name,
   // max_tokens, rmsnorm_input and workspace itself.
   ProjectionOptions tagged;
+  // Opt in: the two dense GEMMs the reference design leaves in bf16 take the same gated FP8 path
+  // (the `tagged` options, each with its own tuned row, so their own M crossover):
+  //   fused_qkv_a [q_lora + kv_lora + rope, hidden], replicated (N = 2624 GLM-5, 2112
+  //     DeepSeek-V3: a partial last 128-row weight block, which the sm90 kernels run);
+  //   kv_b_proj [H * (nope + v), kv_lora], prefill only (decode absorbs it into the attention).
+  // Off (default): both stay bf16 exactly as before.
+  bool fp8_fused_qkv_a = false;
+  bool fp8_kv_b_proj = false;
+  // Size fused_qkv_a for prefill_residual() / decode_residual() (its bf16 path needs rows of
+  // max_tokens x hidden for the norm; the FP8 path none). q LoRA configurations only.
+  bool residual_input = false;
+  // On o_proj's FP8 path (prefill) the attention kernel writes its input as e4m3 + 1x128 scales
+  // (needs v_head % 128 == 0: GLM-5 256, DeepSeek-V3 128): the bf16 attention output never goes
+  // to memory and the separate quantize_activation pass is gone. The same bits as the separate
+  // pass (quantize_activation of that bf16 output); false runs the separate pass, for A/Bs.
+  bool fuse_attention_quant = true;
   std::string bf16_backend = "auto";  // every projection's bf16 path
   int64_t max_tokens = 8192;          // largest prefill call (tokens of all its sequences)
   int max_batch = 256;                // largest decode call (sequences)
@@ -217,6 +236,16 @@ class MlaBlock {
   // y [B, hidden] for x [B, hidden], one token per sequence. B = 0 is a no-op. B <= max_batch.
   void decode(const bf16* x, const MlaDecodeBatch& batch, bf16* y, StreamHandle stream = nullptr,
               const MlaStageHook& hook = {});
+
+  // The same steps over x = rmsnorm(residual) * norm_weight (the decoder layer's input_layernorm:
+  // weight [hidden] in the block's space), the norm done by fused_qkv_a's input pass: fused with
+  // its 1x128 quantization on the FP8 path (one read of the residual stream, no bf16 copy of x),
+  // a norm into the layer's bf16 rows on the bf16 path -- bit for bit prefill(rmsnorm(residual)).
+  // Needs MlaOptions::residual_input and q LoRA (q_proj without it would read x itself).
+  void prefill_residual(const bf16* residual, const bf16* norm_weight, float eps, const MlaPrefillBatch& batch, bf16* y,
+                        StreamHandle stream = nullptr, const MlaStageHook& hook = {});
+  void decode_residual(const bf16* residual, const bf16* norm_weight, float eps, const MlaDecodeBatch& batch, bf16* y,
+                       StreamHandle stream = nullptr, const MlaStageHook& hook = {});
 
   // Which projections are tagged and which path each takes at `tokens`, and why.
   MlaExplanation explain(int64_t tokens) const;

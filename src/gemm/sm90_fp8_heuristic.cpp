@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "fp8proj/error.hpp"
+#include "fp8proj/gemm.hpp"
 
 namespace fp8proj::sm90 {
 
@@ -188,7 +189,7 @@ Model model(const Config& c, const Problem& p) {
   // DRAM: the weight and activation once (L2 catches re-reads of tiles in flight), the
   // output once, split-K partials half the time (they mostly stay in the 50 MB L2).
   const int64_t m_pad = g.m_tiles * c.block_m;
-  const int64_t bytes = p.n * p.k + p.m * p.k + 2 * p.m * p.n + 4 * (p.n / 128) * kb +
+  const int64_t bytes = p.n * p.k + p.m * p.k + 2 * p.m * p.n + 4 * ceil_div(p.n, 128) * kb +
                         4 * p.m * kb + (g.splits > 1 ? 4 * m_pad * p.n * g.splits : 0);
   // Per-SM streaming rate (H200, 6144x16384 at M = 16): the swap-AB kernel
   // 57 GB/s (48 CTAs, 37 us); the 64-row tiles, of which 16 rows exist, 8-45 GB/s from n32 to
@@ -264,10 +265,11 @@ bool is_instantiated(const Config& cfg) {
 
 void check_problem(const Problem& p) {
   FP8PROJ_CHECK(p.m >= 0, "sm90 FP8 GEMM: M must be >= 0, got ", p.m);
-  FP8PROJ_CHECK(p.n > 0 && p.n % 128 == 0, "sm90 FP8 GEMM: N must be a positive multiple of 128 ",
-                "(128x128 weight scale blocks), got N=", p.n, "; run such a layer in bf16");
-  FP8PROJ_CHECK(p.k > 0 && p.k % 128 == 0, "sm90 FP8 GEMM: K must be a positive multiple of 128 ",
-                "(1x128 / 128x128 scale blocks), got K=", p.k, "; run such a layer in bf16");
+  // fp8_block_shape_reason (gemm.hpp): K % 128, N % 16. A last 128-row weight block that is
+  // partial needs no code in the kernels: TMA zero-fills the weight rows >= N on load and
+  // clips the stores at N; the B-scale row index runs to ceil(N / 128) - 1.
+  const std::string why = fp8_block_shape_reason(p.n, p.k);
+  FP8PROJ_CHECK(why.empty(), "sm90 FP8 GEMM: ", why, "; run such a layer in bf16");
   constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
   FP8PROJ_CHECK(p.m <= kMax && p.n <= kMax && p.k <= kMax,
                 "sm90 FP8 GEMM: M, N, K must be < 2^31 (TMA coordinates are 32-bit), got M=", p.m,

@@ -207,9 +207,8 @@ ProjectionLayer::ProjectionLayer(MemorySpace space, const bf16* weight, int64_t 
   bo.max_m = s.opt.max_tokens;
   s.bf16_plan = s.bf16_backend->plan_bf16(weight, n, k, bo);
 
-  s.eligible = n % 128 == 0 && k % 128 == 0;
-  if (!s.eligible)
-    s.eligibility_reason = "N=" + std::to_string(n) + ", K=" + std::to_string(k) + " are not both multiples of 128";
+  s.eligibility_reason = fp8_block_shape_reason(n, k);
+  s.eligible = s.eligibility_reason.empty();
   if (space == MemorySpace::host) {
     s.arch_ok = true;
   } else if (!current_device().is_sm90()) {

@@ -6,11 +6,13 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "fp8proj/attention.hpp"
 #include "fp8proj/device.hpp"
 #include "fp8proj/error.hpp"
 #include "fp8proj/log.hpp"
+#include "fp8proj/quantize.hpp"
 #include "mla/attention_cpu.hpp"
 
 #if FP8PROJ_WITH_CUDA
@@ -41,7 +43,18 @@ bool check_prefill(const PrefillAttentionArgs& a) {
   if (a.num_seqs == 0 || a.total_tokens == 0) return false;
   FP8PROJ_CHECK(a.total_tokens <= std::numeric_limits<int32_t>::max(),
                 "prefill attention takes int32 sequence offsets, so at most 2^31-1 tokens, got ", a.total_tokens);
-  FP8PROJ_CHECK(a.q && a.k && a.v && a.out && a.seq_offsets, "prefill attention: a tensor pointer is null");
+  const bool fp8_out = a.out_fp8.values != nullptr;
+  FP8PROJ_CHECK(a.q && a.k && a.v && (a.out || fp8_out) && a.seq_offsets, "prefill attention: a tensor pointer is null");
+  if (fp8_out) {
+    const int64_t width = int64_t{a.heads} * a.d_v;
+    FP8PROJ_CHECK(a.d_v % 128 == 0, "prefill attention's FP8 output needs d_v % 128 == 0 (1x128 groups inside a head), ",
+                  "got d_v=", a.d_v);
+    FP8PROJ_CHECK(a.out_fp8.scales != nullptr && a.out_fp8.k == width && a.out_fp8.m >= a.total_tokens &&
+                      a.out_fp8.scale_ld >= (a.total_tokens + 3) / 4 * 4 && a.out_fp8.scale_ld % 4 == 0,
+                  "prefill attention's FP8 output must be ", a.total_tokens, " x ", width,
+                  " with scales and a scale stride >= round_up(T, 4) (a multiple of 4), got ", a.out_fp8.m, " x ",
+                  a.out_fp8.k, ", scale_ld ", a.out_fp8.scale_ld);
+  }
   const int64_t qk_row = int64_t{a.heads} * a.d_qk, v_row = int64_t{a.heads} * a.d_v;
   FP8PROJ_CHECK(a.q_stride >= qk_row && a.k_stride >= qk_row && a.v_stride >= v_row,
                 "prefill attention strides must cover a token's heads (q/k >= heads*d_qk = ", qk_row,
@@ -94,7 +107,19 @@ void prefill_attention(MemorySpace space, const PrefillAttentionArgs& a, StreamH
   if (!check_prefill(a)) return;
   if (space == MemorySpace::host) {
     check_prefill_offsets_host(a);
-    cpu::prefill_attention(a);
+    if (a.out_fp8.values == nullptr) {
+      cpu::prefill_attention(a);
+      return;
+    }
+    // The reference of the fused epilogue: the bf16 output, then the 1x128 quantizer.
+    std::vector<bf16> out(static_cast<size_t>(a.total_tokens * a.heads * a.d_v));
+    PrefillAttentionArgs b = a;
+    b.out = out.data();
+    b.out_fp8 = {};
+    cpu::prefill_attention(b);
+    Fp8ActivationOut q = a.out_fp8;
+    q.m = a.total_tokens;
+    cpu::quantize_activation(out.data(), a.total_tokens, int64_t{a.heads} * a.d_v, q);
     return;
   }
 #if FP8PROJ_WITH_CUDA
@@ -107,7 +132,12 @@ void prefill_attention(MemorySpace space, const PrefillAttentionArgs& a, StreamH
   check_aligned(a.q, "q");
   check_aligned(a.k, "k");
   check_aligned(a.v, "v");
-  check_aligned(a.out, "out");
+  if (a.out_fp8.values) {
+    check_aligned(a.out_fp8.values, "out_fp8.values");
+    check_aligned(a.out_fp8.scales, "out_fp8.scales");
+  } else {
+    check_aligned(a.out, "out");
+  }
   FP8PROJ_CHECK(a.num_seqs <= 65535 && a.heads <= 65535, "device prefill attention takes at most 65535 sequences",
                 " and heads per call (grid z and y), got ", a.num_seqs, " and ", a.heads);
   if (a.max_seqlen == 0) return;  // every sequence is empty

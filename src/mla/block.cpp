@@ -11,6 +11,7 @@
 #include "fp8proj/attention.hpp"
 #include "fp8proj/device.hpp"
 #include "fp8proj/error.hpp"
+#include "fp8proj/gemm.hpp"
 #include "fp8proj/memory.hpp"
 #include "fp8proj/mla.hpp"
 #include "fp8proj/ops.hpp"
@@ -57,7 +58,6 @@ std::string MlaExplanation::to_string() const {
 
 namespace {
 
-bool aligned128(int64_t n, int64_t k) { return n % 128 == 0 && k % 128 == 0; }
 
 Buffer alloc_bf16(MemorySpace space, int64_t count) {
   return Buffer(space, static_cast<size_t>(std::max<int64_t>(count, 1)) * sizeof(bf16));
@@ -81,14 +81,26 @@ struct MlaBlock::Impl {
   Buffer qkv_a, q, kv_c, kv, k, attn_out;
   Buffer q_rope, q_latent, out_latent, cache_len;
   Buffer attn_ws;  // decode attention's split-KV scratch (empty when it never splits)
+  // o_proj's FP8 input as the prefill attention epilogue writes it (fuse_attention_quant):
+  // [max_tokens, H*v] e4m3 + [H*v/128][max_tokens] scales; empty when it cannot be used.
+  Buffer attn_q_values, attn_q_scales;
   Buffer cache;
 
   void init(MemorySpace sp, const MlaConfig& c, mla::MlaWeights weights, MlaOptions o_in);
   ProjectionLayer& layer(MlaProjection which) const;
   void check_common(const bf16* x, const bf16* y, const char* what) const;
+  // The block's input: x itself, or rmsnorm(residual) * norm done inside fused_qkv_a's input pass.
+  struct Input {
+    const bf16* x = nullptr;
+    const bf16* norm = nullptr;  // non-null: x is the residual stream
+    float eps = 0;
+  };
+  Input residual_input(const bf16* residual, const bf16* norm, float eps, const char* what) const;
   // The stages prefill and decode share: fused_qkv_a, q_a_layernorm + q_b_proj (fused with the
   // quantization on the FP8 path), kv_a_layernorm. Leaves q in `q` and the normed latent in `kv_c`.
-  void project_inputs(const bf16* x, int64_t tokens, StreamHandle stream, const MlaStageHook& hook);
+  void project_inputs(const Input& in, int64_t tokens, StreamHandle stream, const MlaStageHook& hook);
+  void prefill(const Input& in, const MlaPrefillBatch& batch, bf16* y, StreamHandle stream, const MlaStageHook& hook);
+  void decode(const Input& in, const MlaDecodeBatch& batch, bf16* y, StreamHandle stream, const MlaStageHook& hook);
 };
 
 void MlaBlock::Impl::init(MemorySpace sp, const MlaConfig& c, mla::MlaWeights weights, MlaOptions o_in) {
@@ -128,12 +140,25 @@ void MlaBlock::Impl::init(MemorySpace sp, const MlaConfig& c, mla::MlaWeights we
     u.bf16_backend = opt.bf16_backend;
     return u;
   };
-  // fused_qkv_a is untagged; where its shape is ineligible anyway (2624 / 2112 / 576 rows for
-  // the presets: none a multiple of 128) it gets the block's flag so that its explain() says
-  // "not eligible" rather than only "off". An aligned custom shape stays plainly off.
-  ProjectionOptions qkv = untagged("fused_qkv_a");
-  qkv.fp8 = tagged_fp8 && !aligned128(cfg.qkv_a_dim(), cfg.hidden);
-  fused_qkv_a = std::make_unique<ProjectionLayer>(space, w.fused_qkv_a.data<bf16>(), cfg.qkv_a_dim(), cfg.hidden, qkv);
+  // fused_qkv_a and kv_b_proj: gated like the tagged pair when opted in (MlaOptions), else
+  // untagged. An untagged shape that could not take FP8 anyway gets the block's flag so that its
+  // explain() says "not eligible" rather than only "off"; an eligible one stays plainly off.
+  auto optional_tag = [&](bool opted_in, const char* suffix, int64_t n, int64_t k) {
+    if (opted_in) {
+      ProjectionOptions t = tagged;
+      t.name = name + "." + suffix;
+      return t;
+    }
+    ProjectionOptions u = untagged(suffix);
+    u.fp8 = tagged_fp8 && !fp8_block_shape_ok(n, k);
+    return u;
+  };
+  FP8PROJ_CHECK(!opt.residual_input || cfg.has_q_lora(), name, ": residual_input needs q LoRA (",
+                cfg.describe(), "): q_proj would read the normed stream itself");
+  ProjectionOptions qkv_opt = optional_tag(opt.fp8_fused_qkv_a, "fused_qkv_a", cfg.qkv_a_dim(), cfg.hidden);
+  qkv_opt.rmsnorm_input = opt.residual_input;
+  fused_qkv_a =
+      std::make_unique<ProjectionLayer>(space, w.fused_qkv_a.data<bf16>(), cfg.qkv_a_dim(), cfg.hidden, qkv_opt);
 
   ProjectionOptions qb = tagged;
   qb.name = name + (cfg.has_q_lora() ? ".q_b_proj" : ".q_proj");
@@ -141,12 +166,17 @@ void MlaBlock::Impl::init(MemorySpace sp, const MlaConfig& c, mla::MlaWeights we
   q_b = std::make_unique<ProjectionLayer>(space, w.q_b.data<bf16>(), cfg.q_dim(), cfg.q_in_dim(), qb);
 
   kv_b = std::make_unique<ProjectionLayer>(space, w.kv_b.data<bf16>(), cfg.kv_b_dim(), cfg.kv_lora_rank,
-                                           untagged("kv_b_proj"));
+                                           optional_tag(opt.fp8_kv_b_proj, "kv_b_proj", cfg.kv_b_dim(), cfg.kv_lora_rank));
 
   ProjectionOptions op = tagged;
   op.name = name + ".o_proj";
   o = std::make_unique<ProjectionLayer>(space, w.o.data<bf16>(), cfg.hidden, cfg.o_in_dim(), op);
 
+  if (opt.fuse_attention_quant && tagged_fp8 && cfg.v_head_dim % 128 == 0 &&
+      fp8_block_shape_ok(cfg.hidden, cfg.o_in_dim())) {
+    attn_q_values = Buffer(space, static_cast<size_t>(max_tokens * cfg.o_in_dim()));
+    attn_q_scales = Buffer(space, static_cast<size_t>(cfg.o_in_dim() / 128 * max_tokens) * sizeof(float));
+  }
   const std::vector<float> freq = cfg.rope_inv_freq();
   inv_freq = Buffer(space, freq.size() * sizeof(float));
   copy_bytes(inv_freq.data(), space, freq.data(), MemorySpace::host, inv_freq.bytes());
@@ -199,10 +229,22 @@ void MlaBlock::Impl::check_common(const bf16* x, const bf16* y, const char* what
   FP8PROJ_CHECK(x != nullptr && y != nullptr, opt.name, ": ", what, " input x or output y is null");
 }
 
-void MlaBlock::Impl::project_inputs(const bf16* x, int64_t tokens, StreamHandle stream, const MlaStageHook& hook) {
+MlaBlock::Impl::Input MlaBlock::Impl::residual_input(const bf16* residual, const bf16* norm, float eps,
+                                                     const char* what) const {
+  FP8PROJ_CHECK(opt.residual_input, opt.name, ": ", what, " needs MlaOptions::residual_input (it sizes fused_qkv_a's ",
+                "input pass for the norm)");
+  FP8PROJ_CHECK(norm != nullptr, opt.name, ": ", what, " input_layernorm weight is null");
+  return {residual, norm, eps};
+}
+
+void MlaBlock::Impl::project_inputs(const Input& in, int64_t tokens, StreamHandle stream, const MlaStageHook& hook) {
   const MlaConfig& c = cfg;
   bf16* qkv = qkv_a.data<bf16>();
-  fused_qkv_a->forward(x, tokens, qkv, stream);
+  const bf16* x = in.x;
+  if (in.norm)
+    fused_qkv_a->forward_rmsnorm(x, c.hidden, in.norm, in.eps, tokens, qkv, stream);
+  else
+    fused_qkv_a->forward(x, tokens, qkv, stream);
   if (hook) hook(MlaStage::qkv_a, stream);
   if (c.has_q_lora())
     q_b->forward_rmsnorm(qkv, c.qkv_a_dim(), w.q_a_norm.data<bf16>(), c.rms_norm_eps, tokens, q.data<bf16>(), stream);
@@ -240,7 +282,28 @@ MlaBlock& MlaBlock::operator=(MlaBlock&&) noexcept = default;
 
 void MlaBlock::prefill(const bf16* x, const MlaPrefillBatch& batch, bf16* y, StreamHandle stream,
                        const MlaStageHook& hook) {
-  Impl& s = *impl_;
+  impl_->prefill(Impl::Input{x}, batch, y, stream, hook);
+}
+
+void MlaBlock::prefill_residual(const bf16* residual, const bf16* norm_weight, float eps, const MlaPrefillBatch& batch,
+                                bf16* y, StreamHandle stream, const MlaStageHook& hook) {
+  impl_->prefill(impl_->residual_input(residual, norm_weight, eps, "prefill_residual"), batch, y, stream, hook);
+}
+
+void MlaBlock::decode(const bf16* x, const MlaDecodeBatch& batch, bf16* y, StreamHandle stream,
+                      const MlaStageHook& hook) {
+  impl_->decode(Impl::Input{x}, batch, y, stream, hook);
+}
+
+void MlaBlock::decode_residual(const bf16* residual, const bf16* norm_weight, float eps, const MlaDecodeBatch& batch,
+                               bf16* y, StreamHandle stream, const MlaStageHook& hook) {
+  impl_->decode(impl_->residual_input(residual, norm_weight, eps, "decode_residual"), batch, y, stream, hook);
+}
+
+void MlaBlock::Impl::prefill(const Input& in, const MlaPrefillBatch& batch, bf16* y, StreamHandle stream,
+                             const MlaStageHook& hook) {
+  Impl& s = *this;
+  const bf16* x = in.x;
   const MlaConfig& c = s.cfg;
   const std::string& name = s.opt.name;
   FP8PROJ_CHECK(batch.num_seqs >= 0, name, ": prefill num_seqs must be >= 0, got ", batch.num_seqs);
@@ -283,7 +346,7 @@ void MlaBlock::prefill(const bf16* x, const MlaPrefillBatch& batch, bf16* y, Str
   bf16* kv = s.kv.data<bf16>();
   bf16* attn_out = s.attn_out.data<bf16>();
 
-  s.project_inputs(x, T, stream, hook);
+  s.project_inputs(in, T, stream, hook);
   s.kv_b->forward(kv_c, T, kv, stream);
   mark(MlaStage::kv_b_proj);
 
@@ -322,10 +385,21 @@ void MlaBlock::prefill(const bf16* x, const MlaPrefillBatch& batch, bf16* y, Str
   a.d_qk = c.qk_head_dim();
   a.d_v = c.v_head_dim;
   a.softmax_scale = s.softmax_scale;
+  // o_proj on its FP8 path: the attention epilogue writes its quantized input.
+  const bool fused_o = !s.attn_q_values.empty() && s.o->path_for(T) == Path::fp8;
+  const Fp8ActivationOut o_in{s.attn_q_values.data<uint8_t>(), s.attn_q_scales.data<float>(), T, c.o_in_dim(),
+                              s.max_tokens};
+  if (fused_o) {
+    a.out = nullptr;
+    a.out_fp8 = o_in;
+  }
   prefill_attention(s.space, a, stream);
   mark(MlaStage::attention);
 
-  s.o->forward(attn_out, T, y, stream);
+  if (fused_o)
+    s.o->forward_quantized(o_in.view(), y, stream);
+  else
+    s.o->forward(attn_out, T, y, stream);
   mark(MlaStage::o_proj);
   if (c.tp_size > 1 && s.opt.all_reduce) {
     s.opt.all_reduce(y, T, c.hidden, stream);
@@ -333,9 +407,10 @@ void MlaBlock::prefill(const bf16* x, const MlaPrefillBatch& batch, bf16* y, Str
   }
 }
 
-void MlaBlock::decode(const bf16* x, const MlaDecodeBatch& batch, bf16* y, StreamHandle stream,
-                      const MlaStageHook& hook) {
-  Impl& s = *impl_;
+void MlaBlock::Impl::decode(const Input& in, const MlaDecodeBatch& batch, bf16* y, StreamHandle stream,
+                            const MlaStageHook& hook) {
+  Impl& s = *this;
+  const bf16* x = in.x;
   const MlaConfig& c = s.cfg;
   const std::string& name = s.opt.name;
   const int B = batch.batch;
@@ -365,7 +440,7 @@ void MlaBlock::decode(const bf16* x, const MlaDecodeBatch& batch, bf16* y, Strea
   bf16* kv_c = s.kv_c.data<bf16>();
   bf16* attn_out = s.attn_out.data<bf16>();
 
-  s.project_inputs(x, B, stream, hook);
+  s.project_inputs(in, B, stream, hook);
 
   mla::DecodeRopeArgs r;
   r.dims = s.dims;
@@ -451,34 +526,44 @@ MlaExplanation MlaBlock::explain(int64_t tokens) const {
     e.projections.push_back({which, shown, l.n(), l.k(), tagged, std::move(role), l.explain(tokens)});
   };
   const std::string rank = c.tp_size > 1 ? "rank " + std::to_string(c.tp_rank) + "/" + std::to_string(c.tp_size) + " " : "";
-  add(MlaProjection::fused_qkv_a, "fused_qkv_a", false,
-      std::string(c.has_q_lora() ? "untagged: q_a_proj + kv_a_proj_with_mqa in one bf16 GEMM"
-                                 : "untagged: kv_a_proj_with_mqa (no q LoRA)") +
-          ", replicated on every rank" +
-          (aligned128(c.qkv_a_dim(), c.hidden)
-               ? "; kept bf16 by design"
-               : "; N=" + std::to_string(c.qkv_a_dim()) + " is not a multiple of 128, so it could not take the "
-                                                           "FP8 path anyway"));
+  const std::string qkv_what = c.has_q_lora() ? "q_a_proj + kv_a_proj_with_mqa in one GEMM" : "kv_a_proj_with_mqa (no q LoRA)";
+  const std::string qkv_shape = "N=" + std::to_string(c.qkv_a_dim()) + " x K=" + std::to_string(c.hidden);
+  const std::string qkv_rule = fp8_block_shape_reason(c.qkv_a_dim(), c.hidden);
+  add(MlaProjection::fused_qkv_a, "fused_qkv_a", s.opt.fp8_fused_qkv_a,
+      s.opt.fp8_fused_qkv_a
+          ? "tagged (MlaOptions::fp8_fused_qkv_a): " + qkv_what + ", replicated on every rank; " + qkv_shape +
+                (c.qkv_a_dim() % 128 ? " (last 128-row weight block partial)" : "") +
+                "; FP8 input = x quantized by the memory-bound 1x128 pass"
+          : "untagged: " + qkv_what + " in bf16, replicated on every rank" +
+                (qkv_rule.empty() ? "; kept bf16 unless MlaOptions::fp8_fused_qkv_a opts it in"
+                                  : "; " + qkv_rule + ", so it could not take the FP8 path anyway"));
   if (c.has_q_lora()) {
     add(MlaProjection::q_b_proj, "q_b_proj", true,
         "tagged: " + rank + "column-parallel by heads; FP8 input = q_a_layernorm fused with the 1x128 quantization "
         "(one pass over the q_a columns of fused_qkv_a's output)");
   } else {
-    const bool ok = aligned128(c.q_dim(), c.q_in_dim());
+    const bool ok = fp8_block_shape_ok(c.q_dim(), c.q_in_dim());
     add(MlaProjection::q_b_proj, "q_proj", true,
         "tagged: no q LoRA, so the plain q_proj takes q_b_proj's place; " +
-            std::string(ok ? "N=" + std::to_string(c.q_dim()) + " and K=" + std::to_string(c.q_in_dim()) +
-                                 " are multiples of 128, so it is gated like q_b_proj"
-                           : "its shape is not 128-aligned, so it stays bf16") +
+            std::string(ok ? "N=" + std::to_string(c.q_dim()) + ", K=" + std::to_string(c.q_in_dim()) +
+                                 " qualify (N % 16, K % 128), so it is gated like q_b_proj"
+                           : fp8_block_shape_reason(c.q_dim(), c.q_in_dim()) + ", so it stays bf16") +
             "; FP8 input = x quantized by the memory-bound 1x128 pass");
   }
-  add(MlaProjection::kv_b_proj, "kv_b_proj", false,
-      "untagged (bf16 by design): prefill expands the latent into k_nope and v; decode absorbs it into the attention "
-      "(q_nope . W_UK and out . W_UV^T per head, on the latent cache)");
+  add(MlaProjection::kv_b_proj, "kv_b_proj", s.opt.fp8_kv_b_proj,
+      std::string(s.opt.fp8_kv_b_proj ? "tagged (MlaOptions::fp8_kv_b_proj): " + rank +
+                                            "column-parallel by heads, prefill only; FP8 input = the normed latent "
+                                            "quantized by the memory-bound 1x128 pass"
+                                      : "untagged (bf16 unless MlaOptions::fp8_kv_b_proj opts it in)") +
+          "; prefill expands the latent into k_nope and v; decode absorbs it into the attention (q_nope . W_UK and "
+          "out . W_UV^T per head, on the latent cache), so it never runs there");
   add(MlaProjection::o_proj, "o_proj", true,
       "tagged: " + rank + "row-parallel by K (partial output per rank" +
           std::string(c.tp_size > 1 ? ", all-reduced after o_proj)" : ")") +
-          "; FP8 input = the attention output quantized by the memory-bound quantize_activation pass");
+          (s.attn_q_values.empty()
+               ? "; FP8 input = the attention output quantized by the memory-bound quantize_activation pass"
+               : "; FP8 input = written by the prefill attention epilogue (e4m3 + 1x128 scales, no separate pass); "
+                 "decode: the quantize_activation pass"));
   return e;
 }
 
@@ -500,7 +585,7 @@ MlaMemory MlaBlock::memory() const {
     m.workspace += pm.workspace;
   }
   for (const Buffer* b : {&s.qkv_a, &s.q, &s.kv_c, &s.kv, &s.k, &s.attn_out, &s.q_rope, &s.q_latent, &s.out_latent,
-                          &s.cache_len, &s.inv_freq, &s.attn_ws})
+                          &s.cache_len, &s.inv_freq, &s.attn_ws, &s.attn_q_values, &s.attn_q_scales})
     m.workspace += b->bytes();
   m.cache = s.cache.bytes();
   return m;

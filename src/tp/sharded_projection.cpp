@@ -16,6 +16,7 @@ struct ShardedProjection::Impl {
   std::optional<ProjectionLayer> layer;
   Communicator* comm = nullptr;
   std::string tag;  // "rank 1/2 column 8192x2048"
+  std::string refusal;  // why FP8 was asked for but the shard stays bf16 (ShardSpec::fp8_refusal)
 
   void init(MemorySpace space, const bf16* shard, ProjectionOptions options) {
     const ShardSpec& s = spec;
@@ -28,14 +29,15 @@ struct ShardedProjection::Impl {
     }
     tag = "rank " + std::to_string(s.rank) + "/" + std::to_string(s.size) + " " + to_string(s.kind) + " " +
           std::to_string(s.n) + "x" + std::to_string(s.k);
-    // With equal shards, a shard whose N and K are multiples of 128 also starts on a block
-    // boundary, so the layer's own eligibility rule (N, K % 128) is the whole rule and the
-    // layer logs the refusal once. Should a shard ever be 128-sized but start mid-block, it
-    // is kept bf16 here, with the reason, rather than quantized with blocks that differ from
-    // the full weight's.
+    // A shard takes FP8 only when its 128x128 blocks are the full weight's (ShardSpec::fp8_ok:
+    // 128-aligned start and size), so that its own FP8 copy is the slice of the full one. The
+    // layer alone would accept more (N % 16: a partial last block of its own), e.g. a 192-row
+    // TP 8 shard whose second block would be scaled over 64 rows instead of the full weight's
+    // 128. Such a shard is kept bf16 here, with the reason.
     const ProjectionOptions resolved = options.apply_env ? options.with_env() : options;
-    if (resolved.fp8 && !s.fp8_ok() && s.n % kScaleBlock == 0 && s.k % kScaleBlock == 0) {
-      log_once(LogLevel::info, "tp-unaligned:" + options.name, options.name + " stays bf16: " + s.fp8_refusal());
+    if (resolved.fp8 && !s.fp8_ok()) {
+      refusal = s.fp8_refusal();
+      log_once(LogLevel::info, "tp-unaligned:" + options.name, options.name + " stays bf16: " + refusal);
       options = resolved;
       options.fp8 = false;
       options.apply_env = false;
@@ -97,6 +99,7 @@ void ShardedProjection::forward_rmsnorm(const bf16* x, int64_t x_stride, const b
 Explanation ShardedProjection::explain(int64_t m) const {
   Explanation e = impl_->layer->explain(m);
   e.reason = "[" + impl_->tag + "] " + e.reason;
+  if (!impl_->refusal.empty()) e.reason += " (" + impl_->refusal + ")";
   if (impl_->spec.kind == ShardKind::row && impl_->spec.size > 1) e.reason += "; then an all-reduce of the partials";
   return e;
 }

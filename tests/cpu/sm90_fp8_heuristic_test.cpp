@@ -1,6 +1,7 @@
 // Unit tests of the sm90_fp8_block configuration heuristic (host only, no GPU).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -11,6 +12,7 @@
 #include <tuple>
 
 #include "fp8proj/error.hpp"
+#include "fp8proj/gemm.hpp"
 #include "gemm/sm90_fp8_heuristic.hpp"
 
 namespace fp8proj::sm90 {
@@ -151,8 +153,8 @@ TEST(Sm90Fp8Heuristic, ParseRejectsMalformedNames) {
     EXPECT_THROW(Config::parse(bad), Error) << bad;
 }
 
-TEST(Sm90Fp8Heuristic, RejectsNOrKNotMultipleOf128) {
-  for (const Problem p : {Problem{16, 4000, 2048, 132}, Problem{16, 4096, 2000, 132}, Problem{16, 0, 2048, 132},
+TEST(Sm90Fp8Heuristic, RejectsNNotMultipleOf16OrKNotMultipleOf128) {
+  for (const Problem p : {Problem{16, 4008, 2048, 132}, Problem{16, 4096, 2000, 132}, Problem{16, 0, 2048, 132},
                           Problem{16, 4096, 0, 132}, Problem{-1, 4096, 2048, 132}, Problem{16, 4096, 2048, 0}}) {
     EXPECT_THROW(check_problem(p), Error);
     EXPECT_THROW(candidates(p), Error);
@@ -160,11 +162,46 @@ TEST(Sm90Fp8Heuristic, RejectsNOrKNotMultipleOf128) {
     EXPECT_FALSE(why_illegal(kernel_family().front(), p).empty());
   }
   try {
-    check_problem({16, 4000, 2048, 132});
+    check_problem({16, 4008, 2048, 132});
     FAIL() << "no throw";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("N must be a positive multiple of 128"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("not a multiple of 16"), std::string::npos) << e.what();
   }
+  try {
+    check_problem({16, 4096, 2000, 132});
+    FAIL() << "no throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not a multiple of 128"), std::string::npos) << e.what();
+  }
+}
+
+// N with a partial last 128-row weight block: fused_qkv_a (2624 x 6144, 2112 x 7168), kv_a's 576
+// and N = 16, 32, 64, 96 (mod 128). Every M from decode to prefill has legal candidates, the
+// tile grids cover N (the last tile partial) and the choice is one of them.
+TEST(Sm90Fp8Heuristic, NTailsHaveCandidatesCoveringN) {
+  for (const auto& [n, k] : std::vector<std::pair<int64_t, int64_t>>{
+           {2624, 6144}, {2112, 7168}, {576, 7168}, {576, 512}, {272, 1024}, {800, 512}, {1088, 2048}, {1376, 1536}}) {
+    for (int64_t m : {1, 16, 17, 64, 200, 513, 4096, 32768}) {
+      const Problem p{m, n, k, 132};
+      EXPECT_NO_THROW(check_problem(p));
+      const std::vector<Config> cands = candidates(p);
+      ASSERT_FALSE(cands.empty()) << m << "x" << n << "x" << k;
+      for (const Config& c : cands) {
+        EXPECT_EQ(why_illegal(c, p), "") << c.name();
+        const TileGrid g = tile_grid(c, p);
+        EXPECT_GE(g.n_tiles * c.block_n, n) << c.name();
+        EXPECT_LT((g.n_tiles - 1) * c.block_n, n) << c.name();
+      }
+      const Config chosen = choose(p);
+      EXPECT_NE(std::find(cands.begin(), cands.end(), chosen), cands.end()) << chosen.name();
+    }
+  }
+  // The one shape predicate the layer and the backends share.
+  EXPECT_TRUE(fp8_block_shape_ok(2624, 6144));
+  EXPECT_TRUE(fp8_block_shape_ok(16, 128));
+  EXPECT_FALSE(fp8_block_shape_ok(2632, 6144));  // 8 mod 16
+  EXPECT_FALSE(fp8_block_shape_ok(2624, 6100));
+  EXPECT_FALSE(fp8_block_shape_ok(0, 128));
 }
 
 TEST(Sm90Fp8Heuristic, MZeroHasNoCandidates) {

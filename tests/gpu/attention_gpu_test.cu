@@ -30,6 +30,7 @@
 #include "fp8proj/device.hpp"
 #include "fp8proj/error.hpp"
 #include "fp8proj/memory.hpp"
+#include "fp8proj/ops.hpp"
 #include "fp8proj/random.hpp"
 #include "fp8proj/timing.hpp"
 #include "gpu_test_util.hpp"
@@ -437,6 +438,57 @@ INSTANTIATE_TEST_SUITE_P(HeadDims, PrefillAttentionGpu,
                                            // large logits: the running max moves a lot, so the
                                            // rescaling of O and l is exercised hard
                                            PrefillCase{256, 256, 8.0f}, PrefillCase{192, 128, 8.0f}),
+                         [](const auto& info) {
+                           return "qk" + std::to_string(info.param.d_qk) + "_v" + std::to_string(info.param.d_v) +
+                                  (info.param.scale_mult > 1 ? "_sharp" : "");
+                         });
+
+// The FP8 epilogue (o_proj's input written by the attention kernel): bit for bit the device
+// quantize_activation of the kernel's own bf16 output -- codes and scales of every row, scale
+// padding rows 1.0 -- for the head shapes with d_v % 128 == 0 (DeepSeek-V3 128, GLM-5 256).
+class PrefillAttentionFp8OutGpu : public GpuTest, public ::testing::WithParamInterface<PrefillCase> {};
+
+TEST_P(PrefillAttentionFp8OutGpu, EqualsQuantizedBf16Output) {
+  const PrefillCase pc = GetParam();
+  const PrefillProblem p({129, 1, 0, 1000, 7, 64, 131}, 3, pc.d_qk, pc.d_v, pc.scale_mult, 300u + pc.d_qk + pc.d_v);
+  const int64_t T = p.tokens, width = int64_t{p.heads} * p.d_v, ld = (T + 3) / 4 * 4 + 4;
+  Buffer dq = to_device(p.q), dkv = to_device(p.kv), doffs = to_device(p.offsets);
+  Buffer dout = poisoned(static_cast<size_t>(T * width) * sizeof(bf16));
+  prefill_attention(MemorySpace::device,
+                    p.args(dq.data<bf16>(), dkv.data<bf16>(), dout.data<bf16>(), doffs.data<int32_t>()), nullptr);
+  // Reference: the bf16 output through the device quantizer.
+  Buffer ref_v = poisoned(static_cast<size_t>(T * width)), ref_s = poisoned(static_cast<size_t>(width / 128 * ld) * 4);
+  const Fp8ActivationOut ref{ref_v.data<uint8_t>(), ref_s.data<float>(), T, width, ld};
+  quant_ops(MemorySpace::device).quantize_activation(dout.data<bf16>(), T, width, ref, nullptr);
+  // Fused: poisoned buffers, bf16 output pointer null.
+  Buffer got_v = poisoned(static_cast<size_t>(T * width)), got_s = poisoned(static_cast<size_t>(width / 128 * ld) * 4);
+  PrefillAttentionArgs a = p.args(dq.data<bf16>(), dkv.data<bf16>(), nullptr, doffs.data<int32_t>());
+  a.out_fp8 = {got_v.data<uint8_t>(), got_s.data<float>(), T, width, ld};
+  prefill_attention(MemorySpace::device, a, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto rv = to_host<uint8_t>(ref_v.data(), static_cast<size_t>(T * width));
+  const auto gv = to_host<uint8_t>(got_v.data(), rv.size());
+  const auto rs = to_host<uint32_t>(ref_s.data(), static_cast<size_t>(width / 128 * ld));
+  const auto gs = to_host<uint32_t>(got_s.data(), rs.size());
+  int64_t bad_v = 0, bad_s = 0;
+  for (size_t i = 0; i < rv.size(); ++i) bad_v += rv[i] != gv[i];
+  const int64_t padded = (T + 3) / 4 * 4;
+  for (int64_t g = 0; g < width / 128; ++g)
+    for (int64_t r = 0; r < padded; ++r) bad_s += rs[g * ld + r] != gs[g * ld + r];
+  EXPECT_EQ(bad_v, 0) << "e4m3 codes differing from quantize_activation(bf16 output)";
+  EXPECT_EQ(bad_s, 0) << "scales (padding rows included) differing from quantize_activation(bf16 output)";
+  // The host path of the same arguments: the CPU attention then the CPU quantizer.
+  std::vector<uint8_t> hv(static_cast<size_t>(T * width));
+  std::vector<float> hs(static_cast<size_t>(width / 128 * ld));
+  PrefillAttentionArgs h = p.args(p.q.data(), p.kv.data(), nullptr, p.offsets.data());
+  h.out_fp8 = {hv.data(), hs.data(), T, width, ld};
+  EXPECT_NO_THROW(prefill_attention(MemorySpace::host, h, nullptr));
+}
+
+INSTANTIATE_TEST_SUITE_P(HeadDims, PrefillAttentionFp8OutGpu,
+                         ::testing::Values(PrefillCase{256, 256, 1.0f}, PrefillCase{192, 128, 1.0f},
+                                           PrefillCase{192, 256, 1.0f}, PrefillCase{256, 128, 1.0f},
+                                           PrefillCase{256, 256, 8.0f}),
                          [](const auto& info) {
                            return "qk" + std::to_string(info.param.d_qk) + "_v" + std::to_string(info.param.d_v) +
                                   (info.param.scale_mult > 1 ? "_sharp" : "");

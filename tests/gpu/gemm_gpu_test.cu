@@ -62,8 +62,14 @@ const std::vector<std::string> kFp8Backends = {"cublaslt_fp8_block", "sm90_fp8_b
 // outputs: the Frobenius norm of the bf16 rounding alone comes within 3% of the 2e-3 bound on
 // a few hundred outputs dominated by a handful of large ones (seen on an H200: 2.15e-3 for
 // 1x256x512, all of it rounding and the fp32-promoted accumulation).
+// N not a multiple of 128 (the last 128-row weight block partial): fused_qkv_a of GLM-5
+// (2624 x 6144) and DeepSeek-V3 (2112 x 7168), kv_a's 576, and N = 16, 32, 64, 96 (mod 128).
+// cuBLASLt skips them with its unsupported_reason.
 const std::vector<Mnk> kFp8Shapes = {{1, 2048, 512},    {5, 2048, 384},  {8, 2048, 1536},  {64, 4096, 1024},
-                                     {100, 2048, 640},  {257, 384, 2048}, {1024, 256, 512}, {33, 256, 384}};
+                                     {100, 2048, 640},  {257, 384, 2048}, {1024, 256, 512}, {33, 256, 384},
+                                     {1, 2624, 6144},   {37, 2624, 6144}, {300, 2624, 6144}, {16, 2112, 7168},
+                                     {200, 2112, 7168}, {9, 576, 512},    {700, 576, 512},  {64, 1040, 1024},
+                                     {130, 800, 768},   {513, 1088, 512}, {3, 1376, 1024}};
 
 class Fp8GemmGpu : public GpuTest, public ::testing::WithParamInterface<std::tuple<std::string, Mnk>> {};
 
@@ -239,11 +245,177 @@ INSTANTIATE_TEST_SUITE_P(
                       std::tuple<std::string, int64_t, int64_t>{"m128n192_ws2_st4_mc2", 640, 1024},
                       std::tuple<std::string, int64_t, int64_t>{"m128n160_ws2_st5_mc2", 512, 1024},
                       std::tuple<std::string, int64_t, int64_t>{"m128n96_ws2_st7_mcn2", 640, 1024},
-                      std::tuple<std::string, int64_t, int64_t>{"m128n192_ws2_st4_mcn2", 640, 1024}),
+                      std::tuple<std::string, int64_t, int64_t>{"m128n192_ws2_st4_mcn2", 640, 1024},
+                      // N % 128 != 0 through the kernels compiled for one K (kernels::FixedK)
+                      std::tuple<std::string, int64_t, int64_t>{"m256n128_ws2_st3", 2112, 1536},
+                      std::tuple<std::string, int64_t, int64_t>{"m128n192_ws2_st4", 2624, 2048},
+                      std::tuple<std::string, int64_t, int64_t>{"m128n192_ws2_st4_c", 576, 4096}),
     [](const auto& info) {
       return std::get<0>(info.param) + "_n" + std::to_string(std::get<1>(info.param)) + "_k" +
              std::to_string(std::get<2>(info.param));
     });
+
+// ---- N not a multiple of 128, every configuration --------------------------------------------
+
+// Every configuration of the family (and split-K for the 128-row swap-AB tiles), forced, at N
+// with a partial last 128-row weight block: N = 2624 (GLM-5 fused_qkv_a), 576 (kv_a), 272, 800,
+// 1088, 1376 (16, 32, 64, 96 mod 128), K = 512. The output buffer is y [M, N] (ld N: the API has
+// no output stride) followed by a guard region, all poisoned: every element must be written,
+// finite and within the oracle bound (Frobenius and per element: a stray write of a column >= N
+// lands on the next row's first columns, or, from row M - 1, in the guard), the guard must keep
+// its poison bytes, and a second run must be bitwise equal.
+struct NTailCase {
+  std::string config;
+  int64_t n;
+};
+void PrintTo(const NTailCase& c, std::ostream* os) { *os << c.config << "_n" << c.n; }
+
+std::vector<NTailCase> n_tail_cases() {
+  std::vector<NTailCase> out;
+  std::vector<sm90::Config> configs = sm90::kernel_family();
+  for (const sm90::Config& c : sm90::kernel_family())
+    if (c.kind == sm90::KernelKind::kSwapAB && !sm90::swap_ab_k_split(c.kind, c.block_n)) {
+      sm90::Config split = c;
+      split.split_k = 4;
+      configs.push_back(split);
+    }
+  for (const sm90::Config& c : configs)
+    for (int64_t n : {2624, 576, 272, 800, 1088, 1376}) out.push_back({c.name(), n});
+  return out;
+}
+
+class Sm90NTailGpu : public GpuTest, public ::testing::WithParamInterface<NTailCase> {};
+
+TEST_P(Sm90NTailGpu, WritesNothingPastNAndMatchesFp64) {
+  const DeviceInfo& dev = current_device();
+  if (dev.cc_major != 9 || dev.cc_minor != 0) GTEST_SKIP() << "the sm90 kernels need an sm_90 GPU, this is " << dev.arch();
+  const std::string config = GetParam().config;
+  const int64_t n = GetParam().n, k = 512;
+  const sm90::Config parsed = sm90::Config::parse(config);
+  // M: a tail of every tile height; the swap-AB tiles at decode sizes (two token tiles of 16).
+  const int64_t m = parsed.kind == sm90::KernelKind::kGemm1d2d ? 333
+                    : sm90::swap_ab_k_split(parsed.kind, parsed.block_n) ? 13 : 27;
+  const sm90::Problem p{m, n, k, dev.sm_count};
+  const sm90::Config cfg = sm90::forced(config, p);
+
+  const auto w = testing::normal_rows_bf16(n, k, uint32_t(7 * n + k), 0.05f);
+  const auto x = testing::normal_rows_bf16(m, k, uint32_t(13 * m + k));
+  HostFp8Weight qw = make_host_fp8_weight(n, k);
+  cpu::quantize_weight(w.data(), n, k, qw.out());
+  ASSERT_EQ(qw.scales.size(), static_cast<size_t>(ceil_div(n, 128) * (k / 128))) << "one scale row per partial block";
+  HostFp8Activation qx = make_host_fp8_activation(m, k);
+  cpu::quantize_activation(x.data(), m, k, qx.out());
+  const std::vector<double> ref =
+      cpu::gemm_f64(cpu::dequantize(qx.view()).data(), cpu::dequantize(qw.view()).data(), m, n, k);
+  double rms = 0;
+  for (double v : ref) rms += v * v;
+  rms = std::sqrt(rms / static_cast<double>(ref.size()));
+
+  Buffer dw_values = to_device(qw.values), dw_scales = to_device(qw.scales);
+  Buffer dx_values = to_device(qx.values), dx_scales = to_device(qx.scales);
+  const size_t ws_bytes = sm90::workspace_bytes(cfg, m, n, k);
+  Buffer ws(MemorySpace::device, std::max<size_t>(ws_bytes, 16));
+  fill_bytes(MemorySpace::device, ws.data(), ws.bytes(), 0);
+  const int64_t guard = 256 * 128;  // bf16 elements after y: two 128-row tiles of 128 columns
+  const int64_t total = m * n + guard;
+  std::vector<bf16> first;
+  for (int run = 0; run < 2; ++run) {
+    Buffer y = poisoned(static_cast<size_t>(total) * sizeof(bf16));
+    const sm90::Fp8GemmArgs args{m, n, k, dx_values.data<uint8_t>(), dx_scales.data<float>(), qx.scale_ld,
+                                 dw_values.data<uint8_t>(), dw_scales.data<float>(), y.data()};
+    sm90::run(args, cfg, ws_bytes ? ws.data() : nullptr, ws_bytes, dev.sm_count, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const auto all = to_host<bf16>(y.data(), static_cast<size_t>(total));
+    const std::vector<bf16> got(all.begin(), all.begin() + m * n);
+    int64_t guard_hit = 0;
+    for (int64_t i = m * n; i < total; ++i) guard_hit += all[i].bits != 0xffff ? 1 : 0;
+    EXPECT_EQ(guard_hit, 0) << "wrote past row M - 1 / column N into the guard region";
+    if (run == 0) {
+      first = got;
+      EXPECT_EQ(count_non_finite(got), 0) << "outputs left unwritten (NaN poison) or not finite";
+      const ErrorStats e = compare(got.data(), ref.data(), m * n);
+      EXPECT_LE(e.rel_frobenius, kFp8GemmRelTol) << "max abs error " << e.max_abs;
+      // Per element: the bf16 rounding (2^-9 relative) and fp32 accumulation, with room to spare;
+      // a column of zeros (weight rows past N) written over a real one is off by the whole value.
+      int64_t bad = 0, first_bad = -1;
+      for (int64_t i = 0; i < m * n; ++i) {
+        const double d = std::fabs(double(bf16_to_float(got[i])) - ref[i]);
+        if (!(d <= 1e-2 * std::fabs(ref[i]) + 1e-2 * rms)) {
+          if (first_bad < 0) first_bad = i;
+          ++bad;
+        }
+      }
+      EXPECT_EQ(bad, 0) << "elements off their reference; first at row " << first_bad / n << " column "
+                        << first_bad % n;
+    } else {
+      EXPECT_EQ(std::memcmp(got.data(), first.data(), got.size() * sizeof(bf16)), 0) << "run " << run << " differs";
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Configs, Sm90NTailGpu, ::testing::ValuesIn(n_tail_cases()), [](const auto& info) {
+  return info.param.config + "_n" + std::to_string(info.param.n);
+});
+
+// The heuristic's own choice at the model shapes, M from 1 to 4096 (the fp64 oracle bounds M
+// here; the forced sweep above covers every tile), through the sm90 backend's plan.
+class Sm90NTailHeuristicGpu : public GpuTest, public ::testing::WithParamInterface<Mnk> {};
+
+TEST_P(Sm90NTailHeuristicGpu, ChosenConfigWritesNothingPastN) {
+  const DeviceInfo& dev = current_device();
+  if (dev.cc_major != 9 || dev.cc_minor != 0) GTEST_SKIP() << "the sm90 kernels need an sm_90 GPU, this is " << dev.arch();
+  const auto [m, n, k] = GetParam();
+  const sm90::Config cfg = sm90::choose({m, n, k, dev.sm_count});
+  std::printf("[sm90 N tail] M=%ld N=%ld K=%ld: %s\n", long(m), long(n), long(k), cfg.name().c_str());
+  const auto w = testing::normal_rows_bf16(n, k, uint32_t(3 * n + k), 0.05f);
+  const auto x = testing::normal_rows_bf16(m, k, uint32_t(5 * m + k));
+  HostFp8Weight qw = make_host_fp8_weight(n, k);
+  cpu::quantize_weight(w.data(), n, k, qw.out());
+  HostFp8Activation qx = make_host_fp8_activation(m, k);
+  cpu::quantize_activation(x.data(), m, k, qx.out());
+  // Rows of the reference for a sample of output rows only (the first and last 8 and every
+  // 97th): the fp64 product of a 4096 x 2624 x 6144 problem would take minutes on the host.
+  std::vector<int64_t> rows;
+  for (int64_t r = 0; r < m; ++r)
+    if (r < 8 || r >= m - 8 || r % 97 == 0) rows.push_back(r);
+  const std::vector<float> xa = cpu::dequantize(qx.view()), wb = cpu::dequantize(qw.view());
+  std::vector<float> xs;
+  for (int64_t r : rows) xs.insert(xs.end(), xa.begin() + r * k, xa.begin() + (r + 1) * k);
+  const int64_t mr = static_cast<int64_t>(rows.size());
+  const std::vector<double> ref = cpu::gemm_f64(xs.data(), wb.data(), mr, n, k);
+
+  Buffer dw_values = to_device(qw.values), dw_scales = to_device(qw.scales);
+  Buffer dx_values = to_device(qx.values), dx_scales = to_device(qx.scales);
+  GemmPlanOptions options;
+  options.max_m = m;
+  const GemmBackend* backend = find_backend("sm90_fp8_block");
+  ASSERT_NE(backend, nullptr) << "sm90_fp8_block is not registered on an sm_90 GPU";
+  ASSERT_EQ(backend->unsupported_reason(n, k), "");
+  const auto plan = backend->plan_fp8({dw_values.data<uint8_t>(), dw_scales.data<float>(), n, k}, options);
+  const int64_t guard = 256 * 128;
+  Buffer y = poisoned(static_cast<size_t>(m * n + guard) * sizeof(bf16));
+  plan->run({dx_values.data<uint8_t>(), dx_scales.data<float>(), m, k, qx.scale_ld}, y.data<bf16>(), nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto all = to_host<bf16>(y.data(), static_cast<size_t>(m * n + guard));
+  int64_t guard_hit = 0;
+  for (int64_t i = m * n; i < m * n + guard; ++i) guard_hit += all[i].bits != 0xffff ? 1 : 0;
+  EXPECT_EQ(guard_hit, 0) << "wrote past the output into the guard region";
+  EXPECT_EQ(count_non_finite(std::vector<bf16>(all.begin(), all.begin() + m * n)), 0) << "outputs left unwritten";
+  std::vector<bf16> got;
+  for (int64_t r : rows) got.insert(got.end(), all.begin() + r * n, all.begin() + (r + 1) * n);
+  const ErrorStats e = compare(got.data(), ref.data(), mr * n);
+  EXPECT_LE(e.rel_frobenius, kFp8GemmRelTol) << cfg.name() << ": max abs error " << e.max_abs;
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, Sm90NTailHeuristicGpu,
+                         ::testing::Values(Mnk{1, 2624, 6144}, Mnk{16, 2624, 6144}, Mnk{64, 2624, 6144},
+                                           Mnk{512, 2624, 6144}, Mnk{4096, 2624, 6144}, Mnk{1, 2112, 7168},
+                                           Mnk{32, 2112, 7168}, Mnk{1000, 2112, 7168}, Mnk{4096, 2112, 7168},
+                                           Mnk{8, 576, 7168}, Mnk{2048, 576, 6144}),
+                         [](const auto& info) {
+                           const Mnk s = info.param;
+                           return std::to_string(s.m) + "x" + std::to_string(s.n) + "x" + std::to_string(s.k);
+                         });
 
 // ---- bf16 -----------------------------------------------------------------------------------
 

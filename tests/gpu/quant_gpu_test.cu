@@ -336,7 +336,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, RmsNormQuantGpu, ::testing::ValuesIn(kFusedShap
 // (N, K): partial edge blocks in either dimension, K % 8 != 0 (the element path), one 128x128
 // block, a model shape.
 const std::vector<Shape> kWeightShapes = {{128, 128}, {1, 1},     {300, 200},  {129, 257},
-                                          {256, 640}, {200, 1000}, {1536, 7168}, {3, 4100}};
+                                          {256, 640}, {200, 1000}, {1536, 7168}, {3, 4100},
+                                          {2624, 1024}, {576, 512}, {2112, 256}};  // fused_qkv_a, kv_a: partial last row block
 
 class WeightQuantGpu : public GpuTest, public ::testing::WithParamInterface<Shape> {};
 

@@ -383,13 +383,14 @@ void run_problem(int64_t M, int64_t N, int64_t K, int idx, const Options& opt, c
   const bool pow2 = idx % 2 == 0;
 
   DevBuf<uint8_t> a(M * K), b(N * K);
-  DevBuf<float> sa(KB * lda_s), sb((N / 128) * KB);
+  const int64_t NB = (N + 127) / 128;  // N % 16: a partial last weight block has its own scale row
+  DevBuf<float> sa(KB * lda_s), sb(NB * KB);
   DevBuf<__nv_bfloat16> d(M * N), d_first(M * N);
   const uint64_t seed = 1000 + idx * 17;
   fill_e4m3<<<kGrid, kBlock>>>(a.p, a.count, seed);
   fill_e4m3<<<kGrid, kBlock>>>(b.p, b.count, seed + 5);
   fill_scales<<<kGrid, kBlock>>>(sa.p, KB, lda_s, M, pow2, seed + 9);
-  fill_scales<<<kGrid, kBlock>>>(sb.p, N / 128, KB, KB, pow2, seed + 13);
+  fill_scales<<<kGrid, kBlock>>>(sb.p, NB, KB, KB, pow2, seed + 13);
   CUDA_CHECK_LAUNCH();
 
   // Rows checked against the reference: all when M <= 4096, else the first and last 256 and
@@ -430,7 +431,7 @@ void run_problem(int64_t M, int64_t N, int64_t K, int idx, const Options& opt, c
 
   Fp8GemmArgs args{M, N, K, a.p, sa.p, lda_s, b.p, sb.p, d.p};
   const double flops = 2.0 * M * N * K;
-  const double bytes = double(M * K + N * K) + 2.0 * M * N + 4.0 * (KB * M + (N / 128) * KB);
+  const double bytes = double(M * K + N * K) + 2.0 * M * N + 4.0 * (KB * M + NB * KB);
   std::string best_name, chosen_name = chosen.name();
   double best_us = 0, chosen_us = 0;
 

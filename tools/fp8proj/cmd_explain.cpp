@@ -1,5 +1,6 @@
-// fp8proj explain: for each projection of a model at a TP size, which path and backend
-// would run at each M and why, and what the FP8 copy costs in memory.
+// fp8proj explain: for each dense GEMM of a model's MLA block at a TP size (q_b_proj, o_proj,
+// and fused_qkv_a / kv_b_proj, which the block runs in FP8 when opted in), which path and
+// backend would run at each M and why, and what the FP8 copy costs in memory.
 #include <fmt/format.h>
 
 #include "commands.hpp"
@@ -28,7 +29,7 @@ void run_explain(const ExplainArgs& a) {
   } else {
     for (const auto& model : a.models)
       for (int tp : parse_int_list(a.tp))
-        for (auto& s : projection_shapes(model, tp)) shapes.push_back(s);
+        for (auto& s : dense_gemm_shapes(model, tp)) shapes.push_back(s);  // fused_qkv_a, kv_b_proj too
   }
   const std::vector<int64_t> ms = parse_m_list(a.m);
   for (const auto& s : shapes) {

@@ -14,6 +14,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <optional>
 
@@ -23,7 +26,9 @@
 #include "fp8proj/mla.hpp"
 #include "fp8proj/ops.hpp"
 #include "fp8proj/projection.hpp"
+#include "fp8proj/reference.hpp"
 #include "fp8proj/timing.hpp"
+#include "fp8proj/tune.hpp"
 
 namespace fp8proj::cli {
 
@@ -35,6 +40,8 @@ struct LayerArgs {
   std::string seqs;
   int seqlen = 0;
   std::string policy = "prefill";
+  bool all_dense = false;  // also fused_qkv_a and kv_b_proj on the gated FP8 path
+  bool residual = false;   // prefill from the residual stream: input RMSNorm inside fused_qkv_a's input pass
   int reps = 0;
   bool no_flush = false;
   bool no_decode = false;
@@ -51,14 +58,18 @@ struct PrefillRow {
   double o_quant_us = 0, qa_normquant_us = 0, qa_norm_us = 0;
   double attn_tflops = 0;
   std::string q_path, o_path, fp8_backend;
+  std::string qkv_path, kv_b_path;
 };
 
 struct DecodeRow {
   std::string model;
   int tp = 1, seqs = 0, context = 0;
   double off_us = 0, on_us = 0;
-  std::string q_path, o_path;
+  std::string q_path, o_path, qkv_path;
+  std::string why_bf16;  // under policy all: the gate's reason for each decode projection left in bf16
   bool graph = false;
+  double rel_err = 0;        // flag-on step's output against the flag-off (bf16) step's
+  bool bit_identical = false;
 };
 
 // An int32 array in a memory space.
@@ -95,6 +106,22 @@ void run_layer(const LayerArgs& a) {
   topt.flush_l2 = gpu && !a.no_flush;
   TimingOptions sopt = topt;  // the per-stage profile: fewer runs, the same rules
   sopt.reps = std::max(1, std::min(topt.reps, 10));
+  // Which table gates the blocks. Without one (no file for this GPU in the build's configs/, or
+  // FP8PROJ_TUNE_FILE unset on a machine where that path does not exist) the default threshold
+  // (FP8 above M = 512) applies under either policy, so a decode step stays bf16 even under
+  // `all` -- say so up front rather than leave it to the path column.
+  if (gpu) {
+    const TuneTable* table = active_tune_table();
+    fmt::print("tuned table: {}\n", table ? table->source
+                                            : std::string("none (FP8PROJ_TUNE_FILE unset and no table for this GPU in "
+                                                          "the build's configs/): FP8 only above M = 512, decode "
+                                                          "batches stay bf16 under either policy"));
+  }
+  // The two blocks are exactly "off" and "on": FP8PROJ_PREFILL_FP8 (which `explain` honours) does
+  // not pick the policy here, --policy does.
+  if (std::getenv("FP8PROJ_PREFILL_FP8"))
+    fmt::print("note: FP8PROJ_PREFILL_FP8 is ignored by this command; the flag-on block runs policy {} (--policy){}\n",
+               a.policy, a.all_dense ? " with every dense GEMM tagged" : "");
   fmt::print("timing: median of {} after {} warm-up, L2 {}; speedup = flag-off time / flag-on time\n", topt.reps,
              topt.warmup, topt.flush_l2 ? "flushed before every timed call" : "not flushed");
 
@@ -116,6 +143,8 @@ void run_layer(const LayerArgs& a) {
     on_opt.tagged.fp8 = true;
     on_opt.tagged.policy = a.policy == "all" ? Fp8Policy::all : Fp8Policy::prefill;
     off_opt.tagged.fp8 = false;
+    on_opt.fp8_fused_qkv_a = on_opt.fp8_kv_b_proj = a.all_dense;
+    on_opt.residual_input = off_opt.residual_input = a.residual;
     // One seed: both blocks hold the same weights.
     MlaBlock off(space, cfg, 2024, off_opt);
     MlaBlock on(space, cfg, 2024, on_opt);
@@ -129,6 +158,14 @@ void run_layer(const LayerArgs& a) {
     // Inputs sized for the largest batch; smaller batches use their first rows.
     Tensor x = random_bf16(space, t_max, cfg.hidden, 7, 1.0f);
     Tensor y = random_bf16(space, t_max, cfg.hidden, 8, 1.0f);
+    Tensor y_dec = random_bf16(space, c_max, cfg.hidden, 12, 1.0f);  // the flag-on decode step's output
+    // The decoder layer's input_layernorm weight for --residual: 1 + N(0, 0.05^2).
+    Buffer input_norm(space, static_cast<size_t>(cfg.hidden) * sizeof(bf16));
+    {
+      std::vector<bf16> g(static_cast<size_t>(cfg.hidden));
+      for (size_t i = 0; i < g.size(); ++i) g[i] = float_to_bf16(1.0f + 0.05f * std::sin(0.7f * static_cast<float>(i)));
+      copy_bytes(input_norm.data(), space, g.data(), MemorySpace::host, input_norm.bytes());
+    }
     // Stand-ins for the activations the quantizers see inside the block: the attention output
     // [T, H*v] (o_proj's input) and fused_qkv_a's output rows (q_a = their first q_lora columns).
     Tensor attn = random_bf16(space, t_max, cfg.o_in_dim(), 9, 0.5f);
@@ -143,7 +180,7 @@ void run_layer(const LayerArgs& a) {
     fmt::print("\nprefill, C sequences x {} tokens (block time; q_b+o = share of q_b_proj + o_proj stages)\n", L);
     fmt::print("  {:>4} {:>7} {:>10} {:>10} {:>8} {:>9} {:>9} {:>10} {:>10} {:>10} {:>8} {:>9}  {}\n", "C", "tokens",
                "off ms", "on ms", "speedup", "q_b+o off", "q_b+o on", "o-quant us", "qa-nq us", "qa-norm us",
-               "quant %", "attn TF/s", "path q_b/o");
+               "quant %", "attn TF/s", "path qkv_a/q_b/kv_b/o");
     for (int c : seqs) {
       const int64_t T = int64_t{c} * L;
       std::vector<int32_t> offsets(c + 1), start(c), pos(c, L);
@@ -161,13 +198,27 @@ void run_layer(const LayerArgs& a) {
       r.q_path = to_string(on.projection(MlaProjection::q_b_proj).path_for(T));
       r.o_path = to_string(on.projection(MlaProjection::o_proj).path_for(T));
       r.fp8_backend = on.projection(MlaProjection::o_proj).explain(T).backend;
+      r.qkv_path = to_string(on.projection(MlaProjection::fused_qkv_a).path_for(T));
+      r.kv_b_path = to_string(on.projection(MlaProjection::kv_b_proj).path_for(T));
+      // --residual: x is the residual stream and both blocks start with the input RMSNorm, the
+      // flag-on one fused with fused_qkv_a's 1x128 quantization (prefill_residual).
       auto prefill_of = [&](MlaBlock& blk) {
-        return [&](StreamHandle s) { blk.prefill(x.data(), batch, y.data(), s); };
+        return [&](StreamHandle s) {
+          if (a.residual)
+            blk.prefill_residual(x.data(), input_norm.data<bf16>(), cfg.rms_norm_eps, batch, y.data(), s);
+          else
+            blk.prefill(x.data(), batch, y.data(), s);
+        };
       };
       r.off_us = time_or_host(space, prefill_of(off), topt);
       r.on_us = time_or_host(space, prefill_of(on), topt);
       auto staged = [&](MlaBlock& blk) {
-        return [&](StreamHandle s, const MlaStageHook& h) { blk.prefill(x.data(), batch, y.data(), s, h); };
+        return [&](StreamHandle s, const MlaStageHook& h) {
+          if (a.residual)
+            blk.prefill_residual(x.data(), input_norm.data<bf16>(), cfg.rms_norm_eps, batch, y.data(), s, h);
+          else
+            blk.prefill(x.data(), batch, y.data(), s, h);
+        };
       };
       r.off_stages = profile_stages(space, staged(off), sopt);
       r.on_stages = profile_stages(space, staged(on), sopt);
@@ -198,10 +249,10 @@ void run_layer(const LayerArgs& a) {
       const double qbo_off = r.off_stages.of(MlaStage::q_proj) + r.off_stages.of(MlaStage::o_proj);
       const double qbo_on = r.on_stages.of(MlaStage::q_proj) + r.on_stages.of(MlaStage::o_proj);
       const double quant = r.o_quant_us + r.qa_normquant_us;
-      fmt::print("  {:>4} {:>7} {:>10.3f} {:>10.3f} {:>8.3f} {:>9} {:>9} {:>10.1f} {:>10.1f} {:>10.1f} {:>8} {:>9.0f}  {}/{}\n",
+      fmt::print("  {:>4} {:>7} {:>10.3f} {:>10.3f} {:>8.3f} {:>9} {:>9} {:>10.1f} {:>10.1f} {:>10.1f} {:>8} {:>9.0f}  {}/{}/{}/{}\n",
                  c, T, r.off_us / 1e3, r.on_us / 1e3, r.off_us / r.on_us, pct(qbo_off, r.off_stages.total_us),
                  pct(qbo_on, r.on_stages.total_us), r.o_quant_us, r.qa_normquant_us, r.qa_norm_us,
-                 pct(quant, r.on_us), r.attn_tflops, r.q_path, r.o_path);
+                 pct(quant, r.on_us), r.attn_tflops, r.qkv_path, r.q_path, r.kv_b_path, r.o_path);
       prows.push_back(std::move(r));
 
       if (!a.no_decode) {
@@ -212,18 +263,34 @@ void run_layer(const LayerArgs& a) {
         d.context = L + 1;
         d.q_path = to_string(on.projection(MlaProjection::q_b_proj).path_for(c));
         d.o_path = to_string(on.projection(MlaProjection::o_proj).path_for(c));
+        d.qkv_path = to_string(on.projection(MlaProjection::fused_qkv_a).path_for(c));
+        if (a.policy == "all")
+          for (MlaProjection p : {MlaProjection::fused_qkv_a, MlaProjection::q_b_proj, MlaProjection::o_proj}) {
+            const ProjectionLayer& l = on.projection(p);
+            if (l.options().fp8 && l.path_for(c) != Path::fp8)
+              d.why_bf16 += fmt::format("      {} at M={} stays bf16: {}\n", to_string(p), c, l.explain(c).reason);
+          }
         // The caches hold every sequence's L tokens (the prefills above); the step decodes token L.
         const MlaDecodeBatch db{c, d_pos.data<int32_t>(), d_start.data<int32_t>(), L + 1};
+        // Separate outputs: the flag-on step is compared with the flag-off one (the error FP8
+        // costs under `all`; bit identity under `prefill`, which must leave decode bf16).
         if (gpu) {
           MlaDecodeGraph g_off(off, x.data(), db, y.data());
-          MlaDecodeGraph g_on(on, x.data(), db, y.data());
+          MlaDecodeGraph g_on(on, x.data(), db, y_dec.data());
           d.off_us = time_device([&](StreamHandle s) { g_off.replay(s); }, nullptr, topt).median_us;
           d.on_us = time_device([&](StreamHandle s) { g_on.replay(s); }, nullptr, topt).median_us;
           d.graph = true;
         } else {
           d.off_us = time_host([&] { off.decode(x.data(), db, y.data()); }, topt).median_us;
-          d.on_us = time_host([&] { on.decode(x.data(), db, y.data()); }, topt).median_us;
+          d.on_us = time_host([&] { on.decode(x.data(), db, y_dec.data()); }, topt).median_us;
         }
+        ops.synchronize(nullptr);
+        const size_t count = static_cast<size_t>(c) * static_cast<size_t>(cfg.hidden);
+        std::vector<bf16> h_off(count), h_on(count);
+        copy_bytes(h_off.data(), MemorySpace::host, y.data(), space, count * sizeof(bf16));
+        copy_bytes(h_on.data(), MemorySpace::host, y_dec.data(), space, count * sizeof(bf16));
+        d.bit_identical = std::memcmp(h_off.data(), h_on.data(), count * sizeof(bf16)) == 0;
+        d.rel_err = compare(h_on.data(), h_off.data(), static_cast<int64_t>(count)).rel_frobenius;
         drows.push_back(d);
       }
     }
@@ -247,30 +314,36 @@ void run_layer(const LayerArgs& a) {
     if (!a.no_decode) {
       fmt::print("\ndecode step, C sequences at context {} ({}; policy {})\n", L + 1,
                  gpu ? "one CUDA graph replay" : "eager, CPU", a.policy);
-      fmt::print("  {:>4} {:>10} {:>10} {:>8}  {}\n", "C", "off us", "on us", "on/off", "path q_b/o (flag on)");
+      fmt::print("  {:>4} {:>10} {:>10} {:>8} {:>8} {:>10} {:>9}  {}\n", "C", "off us", "on us", "on/off", "speedup",
+                 "err vs off", "bitwise", "path qkv_a/q_b/o (flag on)");
       for (const DecodeRow& d : drows)
         if (d.tp == tp)
-          fmt::print("  {:>4} {:>10.1f} {:>10.1f} {:>8.3f}  {}/{}\n", d.seqs, d.off_us, d.on_us, d.on_us / d.off_us,
-                     d.q_path, d.o_path);
+          fmt::print("  {:>4} {:>10.1f} {:>10.1f} {:>8.3f} {:>8.3f} {:>10.2e} {:>9}  {}/{}/{}\n", d.seqs, d.off_us,
+                     d.on_us, d.on_us / d.off_us, d.off_us / d.on_us, d.rel_err, d.bit_identical ? "equal" : "differs",
+                     d.qkv_path, d.q_path, d.o_path);
+      for (const DecodeRow& d : drows)
+        if (d.tp == tp) fmt::print("{}", d.why_bf16);
     }
   }
 
   if (!a.csv.empty()) {
     std::string csv =
         "kind,model,tp,seqs,seqlen,tokens,off_us,on_us,speedup,qb_o_share_off,qb_o_share_on,o_quant_us,"
-        "qa_normquant_us,qa_norm_us,attn_tflops,q_path,o_path,fp8_backend\n";
+        "qa_normquant_us,qa_norm_us,attn_tflops,q_path,o_path,fp8_backend,qkv_path,kv_b_path,decode_rel_err,"
+        "decode_bitwise\n";
     for (const PrefillRow& r : prows) {
       const double so = r.off_stages.total_us, sn = r.on_stages.total_us;
-      csv += fmt::format("prefill,{},{},{},{},{},{:.3f},{:.3f},{:.4f},{:.4f},{:.4f},{:.3f},{:.3f},{:.3f},{:.1f},{},{},{}\n",
+      csv += fmt::format("prefill,{},{},{},{},{},{:.3f},{:.3f},{:.4f},{:.4f},{:.4f},{:.3f},{:.3f},{:.3f},{:.1f},{},{},{},{},{},,\n",
                          r.model, r.tp, r.seqs, r.seqlen, r.tokens, r.off_us, r.on_us, r.off_us / r.on_us,
                          so > 0 ? (r.off_stages.of(MlaStage::q_proj) + r.off_stages.of(MlaStage::o_proj)) / so : 0.0,
                          sn > 0 ? (r.on_stages.of(MlaStage::q_proj) + r.on_stages.of(MlaStage::o_proj)) / sn : 0.0,
                          r.o_quant_us, r.qa_normquant_us, r.qa_norm_us, r.attn_tflops, r.q_path, r.o_path,
-                         r.fp8_backend);
+                         r.fp8_backend, r.qkv_path, r.kv_b_path);
     }
     for (const DecodeRow& d : drows)
-      csv += fmt::format("decode,{},{},{},{},{},{:.3f},{:.3f},{:.4f},,,,,,,{},{},\n", d.model, d.tp, d.seqs, d.context,
-                         d.seqs, d.off_us, d.on_us, d.off_us / d.on_us, d.q_path, d.o_path);
+      csv += fmt::format("decode,{},{},{},{},{},{:.3f},{:.3f},{:.4f},,,,,,,{},{},,{},,{:.3e},{}\n", d.model, d.tp, d.seqs,
+                         d.context, d.seqs, d.off_us, d.on_us, d.off_us / d.on_us, d.q_path, d.o_path, d.qkv_path,
+                         d.rel_err, d.bit_identical ? 1 : 0);
     write_text(a.csv, csv);
   }
   if (!a.json.empty()) {
@@ -280,6 +353,8 @@ void run_layer(const LayerArgs& a) {
                    {"l2_flush", topt.flush_l2}, {"statistic", "median"}};
     j["space"] = gpu ? "device" : "host (CPU reference)";
     j["policy"] = a.policy;
+    j["all_dense_tagged"] = a.all_dense;
+    j["residual_input"] = a.residual;
     auto stages_json = [](const MlaStageTimes& st) {
       nlohmann::json s = nlohmann::json::object();
       for (size_t i = 0; i < st.stages.size(); ++i) s[to_string(st.stages[i])] = st.us[i];
@@ -293,11 +368,12 @@ void run_layer(const LayerArgs& a) {
                               {"stages_on_us", stages_json(r.on_stages)}, {"o_quant_us", r.o_quant_us},
                               {"qa_normquant_us", r.qa_normquant_us}, {"qa_norm_us", r.qa_norm_us},
                               {"attn_tflops", r.attn_tflops}, {"q_path", r.q_path}, {"o_path", r.o_path},
-                              {"fp8_backend", r.fp8_backend}});
+                              {"fp8_backend", r.fp8_backend}, {"qkv_path", r.qkv_path}, {"kv_b_path", r.kv_b_path}});
     for (const DecodeRow& d : drows)
       j["decode"].push_back({{"model", d.model}, {"tp", d.tp}, {"seqs", d.seqs}, {"context", d.context},
                              {"off_us", d.off_us}, {"on_us", d.on_us}, {"cuda_graph", d.graph},
-                             {"q_path", d.q_path}, {"o_path", d.o_path}});
+                             {"q_path", d.q_path}, {"o_path", d.o_path}, {"qkv_path", d.qkv_path},
+                             {"rel_err_vs_off", d.rel_err}, {"bit_identical", d.bit_identical}});
     write_text(a.json, j.dump(1) + "\n");
   }
   if (!a.md.empty()) {
@@ -318,9 +394,13 @@ void run_layer(const LayerArgs& a) {
                         pct(r.on_stages.of(MlaStage::q_proj) + r.on_stages.of(MlaStage::o_proj), r.on_stages.total_us),
                         pct(r.o_quant_us + r.qa_normquant_us, r.on_us), r.attn_tflops);
     if (!drows.empty()) {
-      md += "\n| TP | C | decode off us | decode on us | on/off |\n|---|---|---|---|---|\n";
+      md += fmt::format("\nDecode step (policy {}):\n\n| TP | C | decode off us | decode on us | speedup | error vs off | "
+                        "bitwise | path qkv_a/q_b/o |\n|---|---|---|---|---|---|---|---|\n",
+                        a.policy);
       for (const DecodeRow& d : drows)
-        md += fmt::format("| {} | {} | {:.1f} | {:.1f} | {:.3f} |\n", d.tp, d.seqs, d.off_us, d.on_us, d.on_us / d.off_us);
+        md += fmt::format("| {} | {} | {:.1f} | {:.1f} | {:.3f} | {:.2e} | {} | {}/{}/{} |\n", d.tp, d.seqs, d.off_us,
+                          d.on_us, d.off_us / d.on_us, d.rel_err, d.bit_identical ? "equal" : "differs", d.qkv_path,
+                          d.q_path, d.o_path);
     }
     write_text(a.md, md);
   }
@@ -339,6 +419,12 @@ void register_layer(CLI::App& app) {
   cmd->add_option("--policy", args->policy, "Gate policy of the flag-on block: prefill or all")
       ->check(CLI::IsMember({"prefill", "all"}))
       ->capture_default_str();
+  cmd->add_flag("--fp8-all-dense", args->all_dense,
+                "Flag on also tags fused_qkv_a and kv_b_proj (MlaOptions::fp8_fused_qkv_a / fp8_kv_b_proj): every "
+                "dense GEMM of the block on the gated FP8 path");
+  cmd->add_flag("--residual", args->residual,
+                "Prefill from the residual stream (MlaBlock::prefill_residual): both blocks run the input RMSNorm, "
+                "the flag-on one fused with fused_qkv_a's 1x128 quantization when that is on its FP8 path");
   cmd->add_option("--reps", args->reps, "Timed repetitions (GPU default 20, CPU 1)");
   cmd->add_flag("--no-flush", args->no_flush, "Do not flush L2 before timed calls");
   cmd->add_flag("--no-decode", args->no_decode, "Skip the decode step");

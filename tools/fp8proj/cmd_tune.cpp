@@ -103,7 +103,7 @@ std::string shape_label(int64_t n, int64_t k) {
     for (int tp : {1, 2, 4, 8}) {
       std::vector<ProjectionShape> shapes;
       try {
-        shapes = projection_shapes(model, tp);
+        shapes = dense_gemm_shapes(model, tp);
       } catch (const Error&) {
         continue;  // TP does not divide this model's heads
       }
@@ -379,13 +379,13 @@ std::vector<ShapeJob> resolve_shapes(const TuneArgs& a, bool gpu) {
     const std::string tp = !a.tp.empty() ? a.tp : "1,2,4,8";
     for (const auto& model : models)
       for (int t : parse_int_list(tp))
-        for (const auto& s : projection_shapes(model, t)) add(s.model, s.gemm, s.tp, s.n, s.k);
+        for (const auto& s : dense_gemm_shapes(model, t)) add(s.model, s.gemm, s.tp, s.n, s.k);
     if (models.empty()) add("custom", "gemm", 0, 256, 256);  // CPU default: small enough for the oracle
   }
   std::vector<ShapeJob> ok;
   for (auto& j : jobs) {
-    if (j.n % 128 || j.k % 128) {
-      fmt::print("skipping {} ({}x{}): N and K must be multiples of 128 for the FP8 path\n", j.label, j.n, j.k);
+    if (const std::string why = fp8_block_shape_reason(j.n, j.k); !why.empty()) {
+      fmt::print("skipping {} ({}x{}): {}, so it has no FP8 path\n", j.label, j.n, j.k, why);
       continue;
     }
     ok.push_back(j);

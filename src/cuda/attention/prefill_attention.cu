@@ -37,6 +37,13 @@
 //   (64, 64) tests: kBlockN 128, 3 stages, 112 KB.
 //   The epilogue reuses the same shared memory to stage the bf16 output tile (128 rows x d_v,
 //   rows padded by 16 B against bank conflicts) for 16-byte coalesced stores.
+//   FP8 output (out_fp8 set, d_v % 128 == 0, PrefillAttentionArgs): o_proj's input written as
+//   e4m3 + 1x128 UE8M0 scales straight from the staged tile, so the bf16 output never goes to
+//   memory and the separate quantize_activation pass disappears. Each 128-column group of a row
+//   is one head's (d_v = 128) or half of one (256): a half-warp reads its 256 bytes (16 B per
+//   lane), takes the amax with shuffles, writes 128 codes and one scale. The staged values are
+//   the bf16 the other path stores, and the quantizer is fp8_group_quant.cuh's, so the result is
+//   quantize_activation(bf16 output) bit for bit.
 //
 // Build check: nvcc -std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a -Xptxas -v -Iinclude
 //   -Isrc -c src/cuda/attention/prefill_attention.cu  (CUDA 13.0: 0 bytes stack, no spills;
@@ -49,6 +56,7 @@
 #include "cuda/attention/attention_kernels.hpp"
 #include "cuda/attention/sm90_attention_common.cuh"
 #include "cuda/common/cuda_check.hpp"
+#include "cuda/quant/fp8_group_quant.cuh"
 
 namespace fp8proj::gpu {
 namespace attn {
@@ -63,7 +71,52 @@ struct PrefillParams {
   const int32_t* seq_offsets;
   int heads;
   float scale_log2;  // softmax_scale * log2(e)
+  // FP8 output instead of `out` (null: bf16): values [T, heads * d_v] e4m3, scales [heads * d_v /
+  // 128][scale_ld] fp32 (M-contiguous, as Fp8ActivationOut), padding rows T..round_up(T, 4) = 1.
+  uint8_t* out_fp8;
+  float* out_scales;
+  int64_t scale_ld;
+  int total_tokens;
 };
+
+// Rows [0, valid_rows) x COLS bf16 of the staging area, quantized per 1x128 group to e4m3 codes
+// at values + r * values_stride (+ column) and scales at scales[(group0 + g) * scale_ld + row0 + r].
+// A half-warp per group, 8 values per lane: every lane of a warp runs the shuffles together
+// (rows past valid_rows pass zeros and store nothing). The thread with global row total - 1 also
+// writes the scale padding rows (1.0, as quantize_activation does).
+template <int ROWS, int COLS, int kThreads>
+__device__ __forceinline__ void store_staged_rows_fp8(const uint8_t* stage, int pitch, uint8_t* values,
+                                                      int64_t values_stride, float* scales, int64_t scale_ld,
+                                                      int64_t group0, int64_t row0, int valid_rows, int total,
+                                                      int tid) {
+  static_assert(COLS % kScaleBlock == 0, "whole 1x128 groups per head");
+  constexpr int kGroupsPerRow = COLS / kScaleBlock;
+  constexpr int kGroupsPerPass = kThreads / 16;
+  constexpr int kGroups = ROWS * kGroupsPerRow;
+  static_assert(kGroups % kGroupsPerPass == 0, "every half-warp quantizes the same number of groups");
+  const int half = tid / 16, l = tid % 16;
+#pragma unroll 2
+  for (int i = 0; i < kGroups / kGroupsPerPass; ++i) {
+    const int gi = half + i * kGroupsPerPass;
+    const int r = gi / kGroupsPerRow, g = gi % kGroupsPerRow;
+    uint32_t w[4] = {0, 0, 0, 0};
+    if (r < valid_rows) {
+      const uint4 a = *reinterpret_cast<const uint4*>(stage + r * pitch + g * (kScaleBlock * 2) + l * 16);
+      w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w;
+    }
+    uint32_t codes[2];
+    const float sc = quantize_group<16>(w, kActAmaxEps, codes);
+    if (r < valid_rows) {
+      *reinterpret_cast<uint2*>(values + r * values_stride + g * kScaleBlock + l * 8) = make_uint2(codes[0], codes[1]);
+      if (l == 0) {
+        float* col = scales + (group0 + g) * scale_ld;
+        col[row0 + r] = sc;
+        if (row0 + r == total - 1)
+          for (int64_t pad = total; pad < (total + 3) / 4 * 4; ++pad) col[pad] = 1.0f;
+      }
+    }
+  }
+}
 
 template <int kDqk_, int kDv_>
 struct PrefillConfig {
@@ -207,7 +260,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) prefill_attention_sm90_kerne
     stage_tile_bf16<kDv>(smem + 64 * wg * Cfg::kOutPitch, Cfg::kOutPitch, 0, o, inv_l, wg_tid);
   }
   __syncthreads();
-  bf16* out = p.out + (static_cast<int64_t>(tok0 + m0) * p.heads + head) * kDv;
+  const int64_t row0 = static_cast<int64_t>(tok0 + m0);
+  if constexpr (kDv % kScaleBlock == 0) {
+    if (p.out_fp8 != nullptr) {  // uniform: a kernel argument
+      store_staged_rows_fp8<kBlockM, kDv, kThreads>(smem, Cfg::kOutPitch, p.out_fp8 + (row0 * p.heads + head) * kDv,
+                                                    static_cast<int64_t>(p.heads) * kDv, p.out_scales, p.scale_ld,
+                                                    static_cast<int64_t>(head) * (kDv / kScaleBlock), row0,
+                                                    min(kBlockM, len - m0), p.total_tokens, tid);
+      return;
+    }
+  }
+  bf16* out = p.out + (row0 * p.heads + head) * kDv;
   store_staged_rows<kBlockM, kDv, kThreads>(smem, Cfg::kOutPitch, out, static_cast<int64_t>(p.heads) * kDv,
                                             min(kBlockM, len - m0), tid);
 }
@@ -218,9 +281,20 @@ void launch(const PrefillAttentionArgs& a, cudaStream_t stream) {
   const auto kernel = prefill_attention_sm90_kernel<Cfg>;
   constexpr int kSmem = Cfg::kSmemBytes + 1024;  // + the alignment slack of the dynamic base
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-  const PrefillParams p{a.q,        a.k,        a.v,           a.out,   a.q_stride,
-                        a.k_stride, a.v_stride, a.seq_offsets, a.heads,
-                        static_cast<float>(a.softmax_scale * 1.4426950408889634)};
+  const PrefillParams p{a.q,
+                        a.k,
+                        a.v,
+                        a.out,
+                        a.q_stride,
+                        a.k_stride,
+                        a.v_stride,
+                        a.seq_offsets,
+                        a.heads,
+                        static_cast<float>(a.softmax_scale * 1.4426950408889634),
+                        a.out_fp8.values,
+                        a.out_fp8.scales,
+                        a.out_fp8.scale_ld,
+                        static_cast<int>(a.total_tokens)};
   const dim3 grid(static_cast<unsigned>((a.max_seqlen + Cfg::kBlockM - 1) / Cfg::kBlockM),
                   static_cast<unsigned>(a.heads), static_cast<unsigned>(a.num_seqs));
   kernel<<<grid, Cfg::kThreads, kSmem, stream>>>(p);

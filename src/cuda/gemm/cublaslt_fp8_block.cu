@@ -159,9 +159,13 @@ class CublasLtFp8Block final : public GemmBackend {
   MemorySpace space() const override { return MemorySpace::device; }
   std::string unsupported_reason(int64_t n, int64_t k) const override {
     if (n <= 0 || k <= 0) return "N and K must be positive";
+    // Stricter than fp8_block_shape_reason (N % 16): a partial last 128-row weight block is
+    // neither documented for cuBLASLt's BLK128x128 scaling nor validated here, so fused_qkv_a
+    // (N = 2624 / 2112) and kv_a (576) run on sm90_fp8_block only.
     if (n % kScaleBlock != 0 || k % kScaleBlock != 0)
-      return "N and K must be multiples of 128 (128x128 weight blocks), got N=" + std::to_string(n) +
-             " K=" + std::to_string(k);
+      return "N and K must be multiples of 128 (whole 128x128 weight blocks; a partial last block is not validated "
+             "with cuBLASLt's block scaling, sm90_fp8_block runs N % 16 == 0), got N=" +
+             std::to_string(n) + " K=" + std::to_string(k);
     return cublaslt_fp8_block_unusable_reason();
   }
   std::unique_ptr<Fp8GemmPlan> plan_fp8(const Fp8WeightView& w, const GemmPlanOptions& options) const override {

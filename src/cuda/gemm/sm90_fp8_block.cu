@@ -102,7 +102,7 @@ class Sm90Fp8Block final : public GemmBackend {
 
   std::string unsupported_reason(int64_t n, int64_t k) const override {
     if (!current_device().is_sm90()) return "needs an sm_90 GPU (this one is " + current_device().arch() + ")";
-    if (n <= 0 || k <= 0 || n % 128 || k % 128) return "N and K must be positive multiples of 128";
+    return fp8_block_shape_reason(n, k);  // N % 16 (partial last weight block), K % 128
     return "";
   }
 

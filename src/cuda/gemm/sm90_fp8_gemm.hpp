@@ -1,6 +1,8 @@
 // Host API of our Hopper FP8 block-scaled GEMM (the `sm90_fp8_block` backend).
 //
 //   D[M,N] (bf16) = sum_kb a_scales[kb][m] * b_scales[n/128][kb] * (A[m, kb-block] . B[n, kb-block])
+// N % 16 == 0 and K % 128 == 0 (fp8_block_shape_reason, gemm.hpp): the last 128-row weight
+// block may be partial, with its own scale row.
 //
 // Choosing a configuration is the heuristic's job (gemm/sm90_fp8_heuristic.hpp: candidates,
 // rank, choose, forced); run() executes exactly the configuration it is given. run() does
@@ -24,12 +26,12 @@ struct Fp8GemmArgs {
   const float* a_scales = nullptr;    // [k/128][a_scale_ld], entry (kb, i) scales A[i, 128kb .. 128kb+127]
   int64_t a_scale_ld = 0;             // >= m, multiple of 4 (16-byte TMA row stride); pads never read
   const uint8_t* b = nullptr;         // e4m3 [n, k] row-major (the weight)
-  const float* b_scales = nullptr;    // [n/128][k/128] row-major
+  const float* b_scales = nullptr;    // [ceil(n/128)][k/128] row-major
   void* d = nullptr;                  // bf16 [m, n] row-major, fully overwritten
 };
 
-// Runs cfg on stream. Throws fp8proj::Error (naming the argument) when N or K is not a
-// multiple of 128, a pointer is null or not 16-byte aligned, a_scale_ld is too small or not a
+// Runs cfg on stream. Throws fp8proj::Error (naming the argument) when N is not a multiple of
+// 16 or K not a multiple of 128, a pointer is null or not 16-byte aligned, a_scale_ld is too small or not a
 // multiple of 4, cfg cannot run this problem, the split-K workspace is missing or too small,
 // or the device is not sm_90. M = 0 returns without launching.
 // workspace: workspace_bytes(cfg, m, n, k) bytes (0 => may be null), 16-byte aligned, and

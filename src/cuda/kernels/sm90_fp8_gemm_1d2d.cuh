@@ -5,8 +5,10 @@
 //   A  [M,K] e4m3 row-major          shape (M,K):(K,1)
 //   sa [K/128, lda_s] fp32 MN-major  shape (M,K/128):(1,lda_s), lda_s = round_up(M,4)
 //   B  [N,K] e4m3 row-major          shape (N,K):(K,1)
-//   sb [N/128, K/128] fp32           shape (N/128,K/128):(K/128,1)
-// e.g. M=4096, N=6144, K=2048: sa has 16 rows of 4096 floats, sb is 48 x 16.
+//   sb [ceil(N/128), K/128] fp32     shape (ceil(N/128),K/128):(K/128,1)
+// e.g. M=4096, N=6144, K=2048: sa has 16 rows of 4096 floats, sb is 48 x 16. N % 16 == 0, K %
+// 128 == 0: with N = 2624 (GLM-5 fused_qkv_a) sb has 21 rows, the last one the scale of weight
+// rows 2560..2623 only; the B tiles past row N load as zeros (TMA), D is clipped at column N.
 //
 // Design (one CTA per SM, persistent, 128 * (kMathWGs + 1) threads):
 //   warpgroup kMathWGs (last): producer. One thread issues, per 128-wide K block, three TMA
@@ -291,7 +293,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     // per-WGMMA adds, in uniform registers): A at this warpgroup's first row, B.
     const uint32_t a_desc_lo = __shfl_sync(0xffffffffu, (smem_base + T::kOffA + wg * 64 * 128) >> 4, 0);
     const uint32_t b_desc_lo = __shfl_sync(0xffffffffu, (smem_base + T::kOffB) >> 4, 0);
-    const uint32_t scale_blocks_n = n / 128;
+    // ceil: N need only be a multiple of 16, and a partial last scale block has its own row.
+    const uint32_t scale_blocks_n = (n + 127) / 128;
 
     // B scales of a tile for every K block: entry i < num_kb is (scale block n0/128, K block
     // i), entry num_kb + i the next scale block (clamped inside N: a tail tile's columns past

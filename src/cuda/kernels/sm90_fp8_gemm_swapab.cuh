@@ -18,7 +18,8 @@
 //
 // Layouts as in sm90_fp8_gemm_1d2d.cuh:
 //   A [M,K] e4m3 (K,1); sa [K/128][lda_s] fp32 (1,lda_s); B [N,K] e4m3 (K,1);
-//   sb [N/128][K/128] fp32 (K/128,1); D [M,N] bf16 (N,1).
+//   sb [ceil(N/128)][K/128] fp32 (K/128,1); D [M,N] bf16 (N,1). N % 16 == 0: the last weight
+//   tile may hold fewer than BLOCK_W rows (TMA zero-fills the rest); its stores stop at N.
 // Per K block kb, warpgroup g computes P = B[n0+64g .. +64, kb] . A[m0 .. m0+TOK, kb]^T
 // (4 x wgmma m64nTOKk32, fresh accumulator) and promotes
 //   acc[n][m] += (sa[kb][m] * sb[n0/128][kb]) * P[n][m]
@@ -255,7 +256,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
             const uint32_t row = m_tile * BLOCK_TOK + 8 * i + 2 * (lane % 4) + (j & 1);
-            if (row < m) ptx::st_global_bf16(d_out + static_cast<size_t>(row) * n + col + 8 * (j >> 1), acc[4 * i + j]);
+            const uint32_t c = col + 8 * (j >> 1);  // a partial last weight tile: no column >= N
+            if (row < m && c < n) ptx::st_global_bf16(d_out + static_cast<size_t>(row) * n + c, acc[4 * i + j]);
           }
         }
         continue;
@@ -313,9 +315,14 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       ptx::named_barrier_sync(1, T::kMathThreads);
       if (tid == 0) {
 #pragma unroll
-        for (int slab = 0; slab < 2; ++slab)
-          ptx::tma_store_2d(&tmap_d, smem + slab * (BLOCK_TOK * 128), static_cast<int32_t>(n_tile * BLOCK_W + slab * 64),
-                            static_cast<int32_t>(m_tile * BLOCK_TOK));
+        for (int slab = 0; slab < 2; ++slab) {
+          // TMA clips columns >= N inside a slab; a slab wholly past N (N % 128 <= 64 in the
+          // last tile) is not issued at all.
+          const uint32_t col = n_tile * BLOCK_W + slab * 64;
+          if (col < n)
+            ptx::tma_store_2d(&tmap_d, smem + slab * (BLOCK_TOK * 128), static_cast<int32_t>(col),
+                              static_cast<int32_t>(m_tile * BLOCK_TOK));
+        }
         ptx::bulk_commit_group();
       }
     }

@@ -47,7 +47,7 @@ struct SplitKUnitScheduler {
   __device__ __forceinline__ SplitKUnitScheduler(uint32_t m, uint32_t n, uint32_t k, uint32_t tok_tile,
                                                  uint32_t weight_tile, uint32_t split_k)
       : m_tiles((m + tok_tile - 1) / tok_tile),
-        n_tiles(n / weight_tile),
+        n_tiles((n + weight_tile - 1) / weight_tile),  // N % 16: the last weight tile may be partial
         splits(split_k),
         k_blocks(k / 128),
         num_units(m_tiles * n_tiles * split_k) {}

@@ -6,11 +6,13 @@
  *
  * Layouts (device memory, all pointers 16-byte aligned) are the library's own and
  * DeepGEMM's SM90 ones, so one set of buffers feeds both:
- *   w_values  e4m3 [n, k] row-major             w_scales fp32 [n/128][k/128] row-major
+ *   w_values  e4m3 [n, k] row-major             w_scales fp32 [ceil(n/128)][k/128] row-major
  *   x_values  e4m3 [m, k] row-major             x_scales fp32 [k/128][x_scale_ld], entry
  *             (kb, i) scales x[i, 128kb .. 128kb+127]; x_scale_ld >= m, a multiple of 4
  *   y         bf16 [m, n] row-major, fully overwritten
- * n and k must be multiples of 128. Scales are any finite positive fp32 values.
+ * k must be a multiple of 128 and n a multiple of 16: the last 128-row weight block may be
+ * partial, its scale taken over the rows that exist (fused_qkv_a's 2624 / 2112 rows). Scales are
+ * any finite positive fp32 values.
  *
  * Every function returns 0 on success and -1 on failure; fp8proj_last_error() then says what
  * was wrong (per thread, until the next failing call). m = 0 is a successful no-op. */
@@ -108,7 +110,7 @@ typedef struct fp8proj_projection_options {
 /* Fills *options with the defaults above (enabled 0, apply_env 1). */
 FP8PROJ_C_EXPORT int fp8proj_projection_options_init(fp8proj_projection_options* options);
 
-/* weight bf16 [n, k] device memory; n, k > 0 (FP8 needs multiples of 128: other shapes stay
+/* weight bf16 [n, k] device memory; n, k > 0 (FP8 needs K % 128 == 0 and N % 16 == 0: other shapes stay
  * bf16 and explain() says why). options NULL = the defaults. */
 FP8PROJ_C_EXPORT int fp8proj_projection_create(const void* weight, int64_t n, int64_t k,
                                                const fp8proj_projection_options* options, fp8proj_projection** out);

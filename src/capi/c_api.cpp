@@ -106,8 +106,8 @@ void create(const void* w_values, const float* w_scales, int64_t n, int64_t k, i
             fp8proj_fp8_gemm** out) {
   FP8PROJ_CHECK(out != nullptr, "out (the handle's address) is null");
   *out = nullptr;
-  FP8PROJ_CHECK(n > 0 && k > 0 && n % 128 == 0 && k % 128 == 0, "weight shape ", n, "x", k,
-                ": N and K must be positive multiples of 128");
+  const std::string shape_reason = fp8_block_shape_reason(n, k);
+  FP8PROJ_CHECK(shape_reason.empty(), "weight shape ", n, "x", k, ": ", shape_reason);
   FP8PROJ_CHECK(max_m > 0, "max_m must be > 0, got ", max_m);
   FP8PROJ_CHECK(gpu_available(), "no usable CUDA GPU in this process: the C API runs device backends only");
   check_device_pointer(w_values, "w_values");

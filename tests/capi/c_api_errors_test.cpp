@@ -62,7 +62,8 @@ TEST(CApiErrors, ShapeChecksComeFirst) {
   EXPECT_TRUE(FailsWith(fp8proj_quantize_weight(host_bytes, 0, 128, host_bytes, s, nullptr), "must be positive"));
   EXPECT_TRUE(FailsWith(fp8proj_fp8_gemm_create(host_bytes, s, 100, 128, 16, nullptr, nullptr), "handle's address"));
   fp8proj_fp8_gemm* g = nullptr;
-  EXPECT_TRUE(FailsWith(fp8proj_fp8_gemm_create(host_bytes, s, 100, 128, 16, nullptr, &g), "multiples of 128"));
+  EXPECT_TRUE(FailsWith(fp8proj_fp8_gemm_create(host_bytes, s, 100, 128, 16, nullptr, &g), "not a multiple of 16"));
+  EXPECT_TRUE(FailsWith(fp8proj_fp8_gemm_create(host_bytes, s, 128, 100, 16, nullptr, &g), "not a multiple of 128"));
   EXPECT_EQ(g, nullptr);
 }
 

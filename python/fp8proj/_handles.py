@@ -8,7 +8,7 @@ a wild pointer.
 """
 from __future__ import annotations
 
-from ctypes import byref, c_int, c_size_t, c_void_p
+from ctypes import byref, c_int, c_int64, c_size_t, c_void_p
 from typing import Dict, Optional
 
 from . import _lib
@@ -75,7 +75,7 @@ class Projection:
         self.device_index = weight.get_device()
         self.rmsnorm_input = bool(rmsnorm_input)
         self.has_fp8 = self.memory()["fp8_values"] > 0
-        pid = ctypes.c_int64()
+        pid = c_int64()
         _lib.check(lib.fp8proj_projection_id(self._h, byref(pid)), name)
         self.id = pid.value  # the C ABI's id: the ops' int argument, also for the C++ kernels
         PROJECTIONS[self.id] = self

@@ -201,7 +201,7 @@ def test_c_abi_error_paths_through_ctypes():
     _fails(L.fp8proj_projection_forward(None, p, 1, p, None), "handle is null")
     _fails(L.fp8proj_projection_explain(None, 1, ctypes.create_string_buffer(8), 8), "handle is null")
     h = ctypes.c_void_p()
-    _fails(L.fp8proj_fp8_gemm_create(p, p, 100, 128, 16, None, ctypes.byref(h)), "multiples of 128")
+    _fails(L.fp8proj_fp8_gemm_create(p, p, 100, 128, 16, None, ctypes.byref(h)), "not a multiple of 16")
     assert not h.value
     opts = _lib.ProjectionOptions()
     assert L.fp8proj_projection_options_init(ctypes.byref(opts)) == 0

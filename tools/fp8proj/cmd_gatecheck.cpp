@@ -24,7 +24,8 @@
 #include "fp8proj/projection.hpp"
 #include "fp8proj/tune.hpp"
 #include "fp8proj/tuner.hpp"
-#include "tune_cli.hpp"
+#include "gatecheck.hpp"
+#include "tune_common.hpp"
 
 namespace fp8proj::cli {
 

@@ -7,7 +7,7 @@
 #include <mutex>
 #include <unordered_map>
 
-#include "cuda/common/cuda_check.hpp"
+#include "core/cuda_check.hpp"
 #include "cuda/gemm/sm90_fp8_gemm.hpp"
 #include "fp8proj/device.hpp"
 #include "fp8proj/error.hpp"

@@ -1,4 +1,4 @@
-// The cpu_reference backend: plans over the CPU oracle (reference_cpu.cpp). It runs both
+// The cpu_reference backend: plans over the CPU oracle (src/gemm/oracle.cpp). It runs both
 // kinds, so a CPU-only build exercises the whole layer, gate included.
 #include <memory>
 #include <string>

@@ -57,7 +57,7 @@ std::string MlaExplanation::to_string() const {
 
 namespace {
 
-bool aligned128(int64_t n, int64_t k) { return n % 128 == 0 && k % 128 == 0; }
+bool aligned128(int64_t n, int64_t k) { return fp8_eligible(n, k); }  // the layer's FP8 shape rule
 
 Buffer alloc_bf16(MemorySpace space, int64_t count) {
   return Buffer(space, static_cast<size_t>(std::max<int64_t>(count, 1)) * sizeof(bf16));

@@ -34,7 +34,7 @@ struct ShardedProjection::Impl {
     // is kept bf16 here, with the reason, rather than quantized with blocks that differ from
     // the full weight's.
     const ProjectionOptions resolved = options.apply_env ? options.with_env() : options;
-    if (resolved.fp8 && !s.fp8_ok() && s.n % kScaleBlock == 0 && s.k % kScaleBlock == 0) {
+    if (resolved.fp8 && !s.fp8_ok() && fp8_eligible(s.n, s.k)) {
       log_once(LogLevel::info, "tp-unaligned:" + options.name, options.name + " stays bf16: " + s.fp8_refusal());
       options = resolved;
       options.fp8 = false;

@@ -104,6 +104,11 @@ TuneTable load_tune_table(const std::string& path) {
                     bk.m_lo, ", ", bk.m_hi, "] after ", prev_hi);
       FP8PROJ_CHECK(bk.bf16_us > 0 && bk.fp8_us > 0, sw, ": bucket [", bk.m_lo, ", ", bk.m_hi,
                     "] has a non-positive time");
+      try {
+        bk.config = parse_gemm_config(bk.fp8_backend, bk.fp8_config);
+      } catch (const Error& e) {
+        FP8PROJ_FAIL(sw, ": bucket [", bk.m_lo, ", ", bk.m_hi, "]: ", e.what());
+      }
       prev_hi = bk.m_hi;
       shape.buckets.push_back(std::move(bk));
     }

@@ -184,7 +184,7 @@ void run_gatecheck(const CheckArgs& a) {
     return std::clamp(want, topt.reps, 4 * topt.reps);
   };
   for (const TunedShape& s : table.shapes) {
-    if (s.buckets.empty() || s.n % 128 || s.k % 128) continue;
+    if (s.buckets.empty() || !fp8_eligible(s.n, s.k)) continue;
     std::set<int64_t> tuning_points;
     for (const auto& b : s.buckets)
       for (int64_t p : tune::sample_points({b.m_lo, b.m_hi, 0})) tuning_points.insert(p);

@@ -1,6 +1,6 @@
 // fp8proj tune: per weight shape (N, K) and M bucket, times the bf16 path and every FP8
 // candidate -- each FP8 backend of this device with each configuration it offers
-// (GemmBackend::candidate_configs) and its own heuristic -- through the projection layer with
+// (tune::config_space, tuner.hpp) and its own heuristic -- through the projection layer with
 // FP8 forced on (activation quantization included, FP8PROJ_* ignored), L2 flushed before
 // every timed call. Picks the candidate per bucket and the threshold (include/fp8proj/
 // tuner.hpp says how), splits buckets whose verdict does not hold across them, and writes the
@@ -76,9 +76,10 @@ std::vector<Candidate> candidates_at(const std::vector<const GemmBackend*>& back
   std::vector<Candidate> out;
   for (const GemmBackend* be : backends) {
     std::vector<std::string> names = {""};
-    for (int64_t p : ms)
-      for (auto& nm : be->candidate_configs(p, n, k))
-        if (std::find(names.begin(), names.end(), nm) == names.end()) names.push_back(std::move(nm));
+    if (const tune::ConfigSpace* space = tune::config_space(be->name()))
+      for (int64_t p : ms)
+        for (auto& nm : space->candidates(p, n, k))
+          if (std::find(names.begin(), names.end(), nm) == names.end()) names.push_back(std::move(nm));
     for (auto& nm : names) out.push_back({be, std::move(nm)});
   }
   return out;
@@ -199,7 +200,7 @@ class ShapeTuner {
     row.n = job_.n;
     row.k = job_.k;
     row.threshold = 0;
-    row.buckets = {{1, rows_cap_, key.first, config, 1.0, 1.0}};
+    row.buckets = {{1, rows_cap_, key.first, config, 1.0, 1.0, HeuristicConfig{}}};  // names parsed by the layer
     o.tuned = row;
     auto layer = std::make_unique<ProjectionLayer>(space_, w_.data(), job_.n, job_.k, o);
     FP8PROJ_CHECK(layer->has_fp8_copy(), o.name, ": no FP8 path (", layer->explain(1).reason, ")");
@@ -294,7 +295,7 @@ std::vector<ShapeJob> resolve_shapes(const TuneArgs& a, bool gpu) {
   }
   std::vector<ShapeJob> ok;
   for (auto& j : jobs) {
-    if (j.n % 128 || j.k % 128) {
+    if (!fp8_eligible(j.n, j.k)) {
       fmt::print("skipping {} ({}x{}): N and K must be multiples of 128 for the FP8 path\n", j.label, j.n, j.k);
       continue;
     }
@@ -478,8 +479,8 @@ void run_tune(const TuneArgs& a) {
       };
       // Where the chosen FP8 candidate's time steps up inside a bucket (one more wave).
       const tune::StepFn step = [&](const tune::BucketChoice& c) -> int64_t {
-        const GemmBackend* be = find_backend(c.fp8_backend, GemmKind::fp8_block);
-        return be ? be->wave_step(c.fp8_config, c.bucket.lo, c.bucket.hi, job.n, job.k) : 0;
+        const tune::ConfigSpace* space = tune::config_space(c.fp8_backend);
+        return space ? space->wave_step(c.fp8_config, c.bucket.lo, c.bucket.hi, job.n, job.k) : 0;
       };
       const std::vector<tune::BucketChoice> choices = tune::search(buckets0, measure, a.max_split, margin, step);
       progress.clear();

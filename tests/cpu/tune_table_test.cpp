@@ -14,6 +14,7 @@
 #include "fp8proj/error.hpp"
 #include "fp8proj/gemm_config.hpp"
 #include "fp8proj/tune.hpp"
+#include "tune/config_dir.hpp"
 
 namespace fp8proj {
 namespace {
@@ -126,6 +127,18 @@ TEST(TuneTable, StampMustMatchTheGpu) {
   cut.sm_count = 114;
   EXPECT_NE(stamp_mismatch(sample().stamp, cut).find("114"), std::string::npos);
   EXPECT_NE(stamp_mismatch(sample().stamp, DeviceInfo{}), "");
+}
+
+// The shipped tables are found next to the binaries (build tree: build/share/fp8proj/configs,
+// a link to configs/; installed: <prefix>/share/fp8proj/configs), not through a compiled-in
+// source path.
+TEST(TuneTable, ShippedTablesAreFoundNextToTheBinaries) {
+  const std::vector<std::string> dirs = tune_table_dirs();
+  ASSERT_FALSE(dirs.empty());
+  bool found = false;
+  for (const auto& d : dirs) found = found || std::ifstream(d + "/nvidia-h200.json").good();
+  EXPECT_TRUE(found) << "looked in " << dirs.front() << " and " << dirs.size() - 1 << " more";
+  for (const auto& d : dirs) EXPECT_NE(d.find("share/fp8proj/configs"), std::string::npos) << d;
 }
 
 TEST(TuneTable, FileNameFromGpuName) {

@@ -18,6 +18,8 @@ namespace fp8proj {
 namespace {
 
 using testing::GpuTest;
+using testing::poisoned;
+using testing::to_host;
 
 class ProjectionGraphGpu : public GpuTest {};
 

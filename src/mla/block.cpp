@@ -57,8 +57,6 @@ std::string MlaExplanation::to_string() const {
 
 namespace {
 
-bool aligned128(int64_t n, int64_t k) { return fp8_eligible(n, k); }  // the layer's FP8 shape rule
-
 Buffer alloc_bf16(MemorySpace space, int64_t count) {
   return Buffer(space, static_cast<size_t>(std::max<int64_t>(count, 1)) * sizeof(bf16));
 }
@@ -132,7 +130,7 @@ void MlaBlock::Impl::init(MemorySpace sp, const MlaConfig& c, mla::MlaWeights we
   // the presets: none a multiple of 128) it gets the block's flag so that its explain() says
   // "not eligible" rather than only "off". An aligned custom shape stays plainly off.
   ProjectionOptions qkv = untagged("fused_qkv_a");
-  qkv.fp8 = tagged_fp8 && !aligned128(cfg.qkv_a_dim(), cfg.hidden);
+  qkv.fp8 = tagged_fp8 && !fp8_eligible(cfg.qkv_a_dim(), cfg.hidden);
   fused_qkv_a = std::make_unique<ProjectionLayer>(space, w.fused_qkv_a.data<bf16>(), cfg.qkv_a_dim(), cfg.hidden, qkv);
 
   ProjectionOptions qb = tagged;
@@ -455,7 +453,7 @@ MlaExplanation MlaBlock::explain(int64_t tokens) const {
       std::string(c.has_q_lora() ? "untagged: q_a_proj + kv_a_proj_with_mqa in one bf16 GEMM"
                                  : "untagged: kv_a_proj_with_mqa (no q LoRA)") +
           ", replicated on every rank" +
-          (aligned128(c.qkv_a_dim(), c.hidden)
+          (fp8_eligible(c.qkv_a_dim(), c.hidden)
                ? "; kept bf16 by design"
                : "; N=" + std::to_string(c.qkv_a_dim()) + " is not a multiple of 128, so it could not take the "
                                                            "FP8 path anyway"));
@@ -464,7 +462,7 @@ MlaExplanation MlaBlock::explain(int64_t tokens) const {
         "tagged: " + rank + "column-parallel by heads; FP8 input = q_a_layernorm fused with the 1x128 quantization "
         "(one pass over the q_a columns of fused_qkv_a's output)");
   } else {
-    const bool ok = aligned128(c.q_dim(), c.q_in_dim());
+    const bool ok = fp8_eligible(c.q_dim(), c.q_in_dim());
     add(MlaProjection::q_b_proj, "q_proj", true,
         "tagged: no q LoRA, so the plain q_proj takes q_b_proj's place; " +
             std::string(ok ? "N=" + std::to_string(c.q_dim()) + " and K=" + std::to_string(c.q_in_dim()) +

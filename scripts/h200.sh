@@ -43,6 +43,8 @@ run() {  # run NAME TIMEOUT CMD...: output to $R/NAME.log, status to run.log
 
 # ---- binaries: carried or built here ----
 BIN=.device/bin
+# The binaries find the tuned tables in share/fp8proj/configs next to their bin/ (as installed).
+mkdir -p .device/share/fp8proj && ln -sfn "$PWD/configs" .device/share/fp8proj/configs
 # OpenBLAS (and its gfortran runtime) travel with carried binaries built on another distro.
 [ -d .device/lib ] && export LD_LIBRARY_PATH="$PWD/.device/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 if [ -x "$BIN/fp8proj" ] && ! ldd "$BIN/fp8proj" | grep -q "not found" && "$BIN/fp8proj" info >/dev/null 2>&1; then

@@ -56,6 +56,8 @@ summarize() {
 
 # ---- binaries: carried or built here ----
 BIN=.device/bin
+# The binaries find the tuned tables in share/fp8proj/configs next to their bin/ (as installed).
+mkdir -p .device/share/fp8proj && ln -sfn "$PWD/configs" .device/share/fp8proj/configs
 # OpenBLAS (and its gfortran runtime) travel with carried binaries built on another distro.
 [ -d .device/lib ] && export LD_LIBRARY_PATH="$PWD/.device/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 loadable() { [ -x "$1" ] && ! ldd "$1" | grep -q "not found"; }

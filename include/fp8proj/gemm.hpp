@@ -3,7 +3,8 @@
 // A backend is stateless and describes what it can do; a plan binds it to one weight
 // (B) and owns everything a call needs (workspaces, cached algorithms, per-M tile choices),
 // all made at construction. Plan::run neither allocates nor synchronises, so it can be
-// captured in a CUDA graph.
+// captured in a CUDA graph. Which backend and configuration a projection runs per call is the
+// selection's business (selection.hpp); `fp8proj tune`'s hooks are in tuner.hpp (ConfigSpace).
 //
 // Backends (name, kind, space):
 //   cpu_reference       bf16 + fp8_block   host    the oracle (dequantize, then BLAS sgemm)
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "fp8proj/bf16.hpp"
+#include "fp8proj/gemm_config.hpp"
 #include "fp8proj/tensor.hpp"
 
 namespace fp8proj {
@@ -27,24 +29,34 @@ namespace fp8proj {
 enum class GemmKind : uint8_t { bf16, fp8_block };
 
 // The shapes the block-scaled FP8 path takes: the one eligibility rule of the layer, the sm90
-// backend and the tuner. "" when (N, K) qualifies, else why not.
+// backend, the MLA block, tensor parallelism and the tuner.
 //   K % 128 == 0: 1x128 activation groups and whole 128-wide weight blocks along K.
 //   N % 16 == 0: the last 128-row weight block may be partial (its scale covers the rows that
 //     exist; fused_qkv_a's 2624 / 2112 rows, kv_a's 576); 16 keeps the bf16 output rows a
 //     multiple of 16 bytes twice over (TMA needs N % 8) and every tile's last column chunk whole.
+inline constexpr int64_t kFp8ColumnMultiple = 128;    // K
+inline constexpr int64_t kFp8WeightRowMultiple = 16;  // N
+constexpr bool fp8_eligible(int64_t n, int64_t k) {
+  return n > 0 && k > 0 && n % kFp8WeightRowMultiple == 0 && k % kFp8ColumnMultiple == 0;
+}
+// "" when fp8_eligible(n, k), else why not.
 inline std::string fp8_block_shape_reason(int64_t n, int64_t k) {
   if (n <= 0 || k <= 0) return "N and K must be positive, got N=" + std::to_string(n) + " K=" + std::to_string(k);
-  if (k % 128 != 0) return "K=" + std::to_string(k) + " is not a multiple of 128 (1x128 activation groups)";
-  if (n % 16 != 0) return "N=" + std::to_string(n) + " is not a multiple of 16 (16-byte output rows, whole column chunks)";
+  if (k % kFp8ColumnMultiple != 0) return "K=" + std::to_string(k) + " is not a multiple of 128 (1x128 activation groups)";
+  if (n % kFp8WeightRowMultiple != 0)
+    return "N=" + std::to_string(n) + " is not a multiple of 16 (16-byte output rows, whole column chunks)";
   return "";
 }
-inline bool fp8_block_shape_ok(int64_t n, int64_t k) { return fp8_block_shape_reason(n, k).empty(); }
 
 struct GemmPlanOptions {
   int64_t max_m = 32768;  // workspaces are sized for this many rows
-  // Tuned configurations: (largest M of the bucket, backend-specific config name), sorted by
-  // M. A call with M rows uses the first entry with M <= its bound; an entry named "" and an M
-  // above every bound leave the choice to the backend's heuristic. Empty: the heuristic always.
+  // Tuned configurations: (largest M of the bucket, configuration), sorted by M. An M is
+  // covered by the first entry with M <= its bound. The plan checks at construction that each
+  // is one of its backend's, and sizes its workspace so that run_with() can run the covering
+  // configuration at every M it covers; run() runs it where it can (the heuristic elsewhere).
+  std::vector<std::pair<int64_t, GemmConfig>> configs_by_m;
+  // The same by name (what the C ABI passes), parsed once when the plan is built; used when
+  // configs_by_m is empty. "" = the backend's heuristic.
   std::vector<std::pair<int64_t, std::string>> config_by_m;
 };
 
@@ -59,8 +71,28 @@ class Bf16GemmPlan {
 class Fp8GemmPlan {
  public:
   virtual ~Fp8GemmPlan() = default;
-  // y[m, n] = dequant(x)[m, k] . dequant(w)[n, k]^T; x.m <= max_m.
+  // y[m, n] = dequant(x)[m, k] . dequant(w)[n, k]^T; x.m <= max_m. Runs the configuration
+  // GemmPlanOptions names for x.m where it can, else the backend's heuristic.
   virtual void run(const Fp8ActivationView& x, bf16* y, StreamHandle stream) = 0;
+  // The same with exactly `config` (HeuristicConfig: heuristic_config(x.m)): what the
+  // selection passes. A named configuration must be one can_run() accepts for x.m.
+  virtual void run_with(const Fp8ActivationView& x, bf16* y, const GemmConfig& config, StreamHandle stream) {
+    (void)config;
+    run(x, y, stream);
+  }
+  // The backend's own configuration for m rows: HeuristicConfig when it has none to name
+  // (cuBLASLt and the reference choose internally). Cheap and allocation-free once a plan has
+  // seen m (sm90: precomputed for decode-sized M).
+  virtual GemmConfig heuristic_config(int64_t m) const {
+    (void)m;
+    return HeuristicConfig{};
+  }
+  // Whether `config` names a configuration this plan can run with m rows (never for
+  // HeuristicConfig). Allocation-free.
+  virtual bool can_run(const GemmConfig& config, int64_t m) const {
+    (void)config, (void)m;
+    return false;
+  }
   virtual std::string describe(int64_t m) const = 0;
   // Bytes of device (or host) memory the plan owns beyond the weight.
   virtual size_t workspace_bytes() const { return 0; }
@@ -74,21 +106,6 @@ class GemmBackend {
   virtual MemorySpace space() const = 0;
   // Empty when the backend can run a weight of this shape; otherwise the reason.
   virtual std::string unsupported_reason(int64_t n, int64_t k) const = 0;
-
-  // Configuration names worth measuring for this problem (for `fp8proj tune`); a name can be
-  // forced for a bucket through GemmPlanOptions::config_by_m. {""} = only the heuristic.
-  virtual std::vector<std::string> candidate_configs(int64_t m, int64_t n, int64_t k) const {
-    (void)m, (void)n, (void)k;
-    return {""};
-  }
-
-  // For `fp8proj tune`: the first M in [lo, hi - 1] at which `config` ("" = the backend's
-  // own pick) needs one more wave of CTAs at M + 1 than at M, i.e. where its time steps up;
-  // 0 when there is none or the backend cannot tell.
-  virtual int64_t wave_step(const std::string& config, int64_t lo, int64_t hi, int64_t n, int64_t k) const {
-    (void)config, (void)lo, (void)hi, (void)n, (void)k;
-    return 0;
-  }
 
   virtual std::unique_ptr<Bf16GemmPlan> plan_bf16(const bf16* w, int64_t n, int64_t k,
                                                   const GemmPlanOptions& options) const;

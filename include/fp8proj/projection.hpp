@@ -1,10 +1,11 @@
 // The gated projection layer: y[M, N] = x[M, K] . W[N, K]^T.
 //
 // Holds the bf16 weight (always; not copied, it must outlive the layer) and, when FP8 is
-// enabled and the layer is eligible (N, K multiples of 128) and the device can run an FP8
-// backend, a private FP8 copy (e4m3 + 128x128 scales) made at construction in the memory
-// space of the weight. Each call picks its path by M through decide_path() (gate.hpp):
-// bf16 for decode-sized batches, FP8 for prefill — explain(M) says which and why.
+// enabled and the layer is eligible (fp8_eligible: N, K multiples of 128) and the device can
+// run an FP8 backend, a private FP8 copy (e4m3 + 128x128 scales) made at construction in the
+// memory space of the weight. Each call picks its path, backend and configuration by M through
+// the selection (selection.hpp): bf16 for decode-sized batches, FP8 for prefill -- explain(M)
+// says which and why.
 //
 // forward() neither allocates nor synchronises: workspaces are sized at construction for
 // `max_tokens` rows (larger M runs in chunks of that size), so calls can be captured in a
@@ -18,7 +19,7 @@
 #include <string>
 
 #include "fp8proj/bf16.hpp"
-#include "fp8proj/gate.hpp"
+#include "fp8proj/selection.hpp"
 #include "fp8proj/tensor.hpp"
 #include "fp8proj/tune.hpp"
 
@@ -102,6 +103,8 @@ class ProjectionLayer {
   void forward_quantized(const Fp8ActivationView& x, bf16* y, StreamHandle stream = nullptr);
 
   Path path_for(int64_t m) const;
+  // The selection's typed choice for a problem (p.n, p.k: the layer's); explain() prints it.
+  Selection select(const ProblemDesc& p) const;
   Explanation explain(int64_t m) const;
   ProjectionMemory memory() const;
 

@@ -9,6 +9,8 @@
 #include <utility>
 #include <vector>
 
+#include "fp8proj/gemm_config.hpp"
+
 namespace fp8proj {
 
 struct TunedBucket {
@@ -17,6 +19,9 @@ struct TunedBucket {
   std::string fp8_config;       // ... and its configuration ("" = backend's heuristic)
   double bf16_us = 0;           // geometric mean over the bucket's measured points (its edges
   double fp8_us = 0;            // and geometric middle, tuner.hpp); FP8 quantization included
+  // fp8_config typed, parsed once by load_tune_table (parse_gemm_config); a row built in code
+  // and passed as ProjectionOptions::tuned has its names parsed when the layer is built.
+  GemmConfig config;
   // The bucket's verdict, which the gate follows (policy `all`; `prefill` above the decode ceiling).
   bool fp8_wins() const { return fp8_us > 0 && fp8_us < bf16_us; }
 };

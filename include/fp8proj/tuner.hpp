@@ -41,6 +41,7 @@
 #include <functional>
 #include <limits>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -116,6 +117,24 @@ std::vector<BucketChoice> search(const std::vector<Bucket>& initial, const Measu
 // The table row from the final choices (sorted, contiguous from M = 1); throws if a bucket
 // is incomplete.
 TunedShape make_tuned_shape(int64_t n, int64_t k, const std::vector<BucketChoice>& choices);
+
+// ---- the candidates: what `fp8proj tune` needs from a backend beyond GemmBackend ----
+
+// A backend's named configurations as the tuner sees them (src/tune/config_space.cpp).
+class ConfigSpace {
+ public:
+  virtual ~ConfigSpace() = default;
+  // Configuration names worth measuring for (m, n, k) on this device, besides "" (the
+  // backend's heuristic, always a candidate).
+  virtual std::vector<std::string> candidates(int64_t m, int64_t n, int64_t k) const = 0;
+  // The first M in [lo, hi - 1] at which `config` ("" = the backend's own pick) needs one more
+  // wave of CTAs at M + 1 than at M, i.e. where its time steps up; 0 when there is none or the
+  // name is not one of the backend's.
+  virtual int64_t wave_step(const std::string& config, int64_t lo, int64_t hi, int64_t n, int64_t k) const = 0;
+};
+// The registry: the ConfigSpace of the backend of that name, nullptr when it has no named
+// configurations (cuBLASLt, cpu_reference: only "" is measured).
+const ConfigSpace* config_space(std::string_view backend);
 
 // ---- run-time estimate (printed before `fp8proj tune` starts; the ETA recalibrates) ----
 struct CostModel {

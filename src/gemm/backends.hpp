@@ -1,5 +1,5 @@
 // Internal: how the registry reaches each backend. The CUDA side (src/cuda/) defines
-// cuda_backends() and cuda_quant_ops() only in CUDA builds.
+// cuda_backends() only in CUDA builds.
 #pragma once
 
 #include <string>
@@ -7,7 +7,6 @@
 #include <vector>
 
 #include "fp8proj/gemm.hpp"
-#include "fp8proj/ops.hpp"
 
 namespace fp8proj {
 
@@ -20,7 +19,6 @@ inline constexpr const char* kDeviceBackendNames[] = {"cublaslt_bf16", "cublaslt
 #if FP8PROJ_WITH_CUDA
 // Device backends with the reason each is unusable here ("" when usable).
 std::vector<std::pair<const GemmBackend*, std::string>> cuda_backends();
-const QuantOps& cuda_quant_ops();
 #endif
 
 }  // namespace fp8proj

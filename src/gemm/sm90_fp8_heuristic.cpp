@@ -277,6 +277,11 @@ void check_problem(const Problem& p) {
   FP8PROJ_CHECK(p.num_sms > 0, "sm90 FP8 GEMM: num_sms must be > 0, got ", p.num_sms);
 }
 
+bool problem_ok(const Problem& p) noexcept {
+  constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
+  return p.m >= 0 && fp8_eligible(p.n, p.k) && p.m <= kMax && p.n <= kMax && p.k <= kMax && p.num_sms > 0;
+}
+
 TileGrid tile_grid(const Config& cfg, const Problem& p) {
   TileGrid g;
   g.m_tiles = ceil_div(p.m, cfg.block_m);
@@ -306,33 +311,62 @@ size_t workspace_bytes(const Config& cfg, int64_t m, int64_t n, int64_t k) {
   return static_cast<size_t>(split_counter_bytes(n) + tiles * cfg.split_k * int64_t{cfg.block_m} * cfg.block_n * 4);
 }
 
+namespace {
+
+// The rules a configuration must keep to run a problem, in the order they are checked.
+enum class Rule : uint8_t {
+  none, problem, instantiated, nonempty, split_on_swapab, cluster_on_1d2d, split_on_128_rows, cluster_fits,
+  split_token_tiles, split_range, smem, workspace
+};
+
+Rule broken_rule(const Config& cfg, const Problem& p) noexcept {
+  if (!problem_ok(p)) return Rule::problem;
+  if (!is_instantiated(cfg)) return Rule::instantiated;
+  if (p.m < 1) return Rule::nonempty;
+  if (cfg.kind == KernelKind::kGemm1d2d && cfg.split_k != 1) return Rule::split_on_swapab;
+  if (cfg.kind == KernelKind::kSwapAB && cfg.cluster != 1) return Rule::cluster_on_1d2d;
+  if (swap_ab_k_split(cfg.kind, cfg.block_n) && cfg.split_k != 1) return Rule::split_on_128_rows;
+  if (cfg.cluster > 1 && p.num_sms < cfg.cluster) return Rule::cluster_fits;
+  if (cfg.split_k > 1 && ceil_div(p.m, cfg.block_m) > kMaxSplitTokenTiles) return Rule::split_token_tiles;
+  if (cfg.split_k < 1 || cfg.split_k > std::min<int64_t>(kMaxSplitK, k_blocks(p))) return Rule::split_range;
+  if (smem_bytes(cfg, p.k) > kMaxSmemPerBlock) return Rule::smem;
+  if (static_cast<int64_t>(workspace_bytes(cfg, p.m, p.n, p.k)) > kMaxWorkspaceBytes) return Rule::workspace;
+  return Rule::none;
+}
+
+}  // namespace
+
+bool can_run(const Config& cfg, const Problem& p) noexcept { return broken_rule(cfg, p) == Rule::none; }
+
 std::string why_illegal(const Config& cfg, const Problem& p) {
-  try {
-    check_problem(p);
-  } catch (const Error& e) {
-    return e.what();
+  switch (broken_rule(cfg, p)) {
+    case Rule::none: return {};
+    case Rule::problem:
+      try {
+        check_problem(p);
+      } catch (const Error& e) {
+        return e.what();
+      }
+      return "invalid problem";
+    case Rule::instantiated: return "no kernel is instantiated for " + cfg.name();
+    case Rule::nonempty: return "M = 0: nothing to compute";
+    case Rule::split_on_swapab: return "split-K only exists for swapab kernels";
+    case Rule::cluster_on_1d2d: return "clusters only exist for the 1d2d kernels";
+    case Rule::split_on_128_rows: return "split-K exists only for the 128-row swap-AB tiles";
+    case Rule::cluster_fits:
+      return "a cluster of " + std::to_string(cfg.cluster) + " CTAs needs at least as many SMs";
+    case Rule::split_token_tiles:
+      return "split-K runs at most " + std::to_string(kMaxSplitTokenTiles) + " token tiles (its tile counters are " +
+             "laid out for that many), M=" + std::to_string(p.m) + " needs " + std::to_string(ceil_div(p.m, cfg.block_m));
+    case Rule::split_range:
+      return "split_k " + std::to_string(cfg.split_k) + " outside [1, min(" + std::to_string(kMaxSplitK) +
+             ", K/128 = " + std::to_string(k_blocks(p)) + ")]";
+    case Rule::smem:
+      return "needs " + std::to_string(smem_bytes(cfg, p.k)) + " B of shared memory (K = " + std::to_string(p.k) +
+             " adds its B scales), limit " + std::to_string(kMaxSmemPerBlock);
+    case Rule::workspace: return "split-K workspace over " + std::to_string(kMaxWorkspaceBytes >> 20) + " MB";
   }
-  if (!is_instantiated(cfg)) return "no kernel is instantiated for " + cfg.name();
-  if (p.m < 1) return "M = 0: nothing to compute";
-  if (cfg.kind == KernelKind::kGemm1d2d && cfg.split_k != 1) return "split-K only exists for swapab kernels";
-  if (cfg.kind == KernelKind::kSwapAB && cfg.cluster != 1) return "clusters only exist for the 1d2d kernels";
-  if (swap_ab_k_split(cfg.kind, cfg.block_n) && cfg.split_k != 1)
-    return "split-K exists only for the 128-row swap-AB tiles";
-  if (cfg.cluster > 1 && p.num_sms < cfg.cluster)
-    return "a cluster of " + std::to_string(cfg.cluster) + " CTAs needs at least as many SMs";
-  if (cfg.split_k > 1 && ceil_div(p.m, cfg.block_m) > kMaxSplitTokenTiles)
-    return "split-K runs at most " + std::to_string(kMaxSplitTokenTiles) + " token tiles (its tile counters are " +
-           "laid out for that many), M=" + std::to_string(p.m) + " needs " + std::to_string(ceil_div(p.m, cfg.block_m));
-  if (cfg.split_k < 1 || cfg.split_k > std::min<int64_t>(kMaxSplitK, k_blocks(p)))
-    return "split_k " + std::to_string(cfg.split_k) + " outside [1, min(" + std::to_string(kMaxSplitK) +
-           ", K/128 = " + std::to_string(k_blocks(p)) + ")]";
-  const int64_t smem = smem_bytes(cfg, p.k);
-  if (smem > kMaxSmemPerBlock)
-    return "needs " + std::to_string(smem) + " B of shared memory (K = " + std::to_string(p.k) +
-           " adds its B scales), limit " + std::to_string(kMaxSmemPerBlock);
-  if (static_cast<int64_t>(workspace_bytes(cfg, p.m, p.n, p.k)) > kMaxWorkspaceBytes)
-    return "split-K workspace over " + std::to_string(kMaxWorkspaceBytes >> 20) + " MB";
-  return {};
+  return "?";
 }
 
 int best_split_k(const Config& cfg, const Problem& p) {
@@ -343,7 +377,7 @@ int best_split_k(const Config& cfg, const Problem& p) {
   const int64_t max_split = std::min<int64_t>(kMaxSplitK, k_blocks(p));
   for (int s = 1; s <= max_split; ++s) {
     c.split_k = s;
-    if (!why_illegal(c, p).empty()) continue;
+    if (!can_run(c, p)) continue;
     const double us = model(c, p).est_us;
     if (us < best_us * 0.95) {  // 5%: a split must earn its workspace traffic and reduction
       best_us = us;
@@ -364,9 +398,9 @@ std::vector<Config> candidates(const Problem& p) {
       if (ceil_div(p.m, base.block_m) > (swap_ab_k_split(base.kind, base.block_n) ? 1 : 2)) continue;
       Config c = base;
       c.split_k = best_split_k(base, p);
-      if (why_illegal(c, p).empty()) out.push_back(c);
-      if (c.split_k != 1 && why_illegal(base, p).empty()) out.push_back(base);
-    } else if (why_illegal(base, p).empty()) {
+      if (can_run(c, p)) out.push_back(c);
+      if (c.split_k != 1 && can_run(base, p)) out.push_back(base);
+    } else if (can_run(base, p)) {
       // Multicast (of B along M, of A along N) cuts L2->SM traffic, which bounds one-wave
       // long-K problems too (M = 512 on 6144 x 16384: 40 KB per CTA and K block at 128 x 192):
       // offered once the pairs fill at least half of the SMs; the measurement decides.

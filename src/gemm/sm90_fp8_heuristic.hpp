@@ -39,26 +39,12 @@
 #include <string_view>
 #include <vector>
 
+#include "fp8proj/gemm_config.hpp"
+#include "fp8proj/selection.hpp"
+
 namespace fp8proj::sm90 {
 
-enum class KernelKind : uint8_t { kGemm1d2d, kSwapAB };
-
-struct Config {
-  KernelKind kind = KernelKind::kGemm1d2d;
-  int block_m = 128;  // kGemm1d2d: rows of A (M) per tile; kSwapAB: tokens per tile (WGMMA N)
-  int block_n = 128;  // columns of D (weight rows) per tile
-  int math_wgs = 2;   // consumer warpgroups (128 threads each); plus one producer warpgroup
-  int stages = 5;     // TMA pipeline depth
-  int split_k = 1;    // kSwapAB only: K is cut into split_k contiguous ranges of 128-blocks
-  int cluster = 1;    // kGemm1d2d only: CTAs per cluster (1 or 2) sharing one operand tile
-  bool cluster_on_n = false;  // cluster > 1: along N sharing A ("_mcn"), else along M sharing B
-  bool carry = false;  // kGemm1d2d, 2 warpgroups: next tile's first K block issued before the epilogue ("_c")
-
-  std::string name() const;
-  // Throws fp8proj::Error naming the text when it is not a config name (grammar above).
-  static Config parse(std::string_view name);
-  bool operator==(const Config&) const = default;
-};
+// KernelKind and Config (the typed configuration) are in include/fp8proj/gemm_config.hpp.
 
 struct Problem {
   int64_t m = 0, n = 0, k = 0;
@@ -112,11 +98,16 @@ const std::vector<Config>& kernel_family();
 // Same kernel as one of kernel_family(), whatever its split_k.
 bool is_instantiated(const Config& cfg);
 
-// Throws fp8proj::Error unless M >= 0, N, K > 0 and multiples of 128, all < 2^31, num_sms > 0.
+// Throws fp8proj::Error unless M >= 0, fp8_eligible(N, K) (include/fp8proj/selection.hpp: N
+// and K multiples of 128), all < 2^31, num_sms > 0.
 void check_problem(const Problem& p);
+// The same test without the message: true when check_problem(p) would not throw.
+bool problem_ok(const Problem& p) noexcept;
 
 // Empty when cfg can run p correctly, else the reason (for logs and tests).
 std::string why_illegal(const Config& cfg, const Problem& p);
+// why_illegal(cfg, p).empty() without building the reason: for the call path.
+bool can_run(const Config& cfg, const Problem& p) noexcept;
 
 struct TileGrid {
   int64_t m_tiles = 0, n_tiles = 0, splits = 1;

@@ -14,6 +14,7 @@
 #include "fp8proj/log.hpp"
 #include "fp8proj/memory.hpp"
 #include "fp8proj/ops.hpp"
+#include "fp8proj/selection.hpp"
 
 namespace fp8proj {
 
@@ -45,80 +46,13 @@ struct ProjectionLayer::Impl {
   int64_t n, k;
   ProjectionOptions opt;
 
-  bool eligible = false, arch_ok = false;
-  std::string eligibility_reason, arch_reason;
-  int64_t threshold = kDefaultThreshold;
-  std::string threshold_source = "default";
-  bool threshold_is_tuned = false;  // no explicit threshold: the tuned buckets decide inside their range
-  std::optional<TunedShape> tuned;
-  std::string tuned_source;  // the table file, or "ProjectionOptions::tuned"
-
-  const GemmBackend* bf16_backend = nullptr;
-  std::unique_ptr<Bf16GemmPlan> bf16_plan;
-
   Buffer fp8_values, fp8_scales;
-  struct Fp8Candidate {
-    const GemmBackend* backend;
-    std::unique_ptr<Fp8GemmPlan> plan;
-  };
-  std::vector<Fp8Candidate> fp8_plans;  // [0] is the default FP8 backend
-  std::vector<size_t> bucket_plan;      // tuned->buckets[i] runs on fp8_plans[bucket_plan[i]]
   std::shared_ptr<ActivationWorkspace> ws;
   bool owns_ws = false;
   const QuantOps* ops = nullptr;
+  std::optional<Selector> selector;
 
-  GateInput gate_input(int64_t m) const {
-    GateInput in;
-    in.m = m;
-    in.enabled = opt.fp8;
-    in.policy = opt.policy;
-    in.arch_ok = arch_ok;
-    in.eligible = eligible;
-    in.threshold = threshold;
-    in.decode_ceiling = opt.decode_ceiling;
-    if (tuned && threshold_is_tuned)
-      if (const TunedBucket* b = tuned->bucket_for(m)) in.bucket_fp8_wins = b->fp8_wins();
-    in.arch_reason = arch_reason;
-    in.eligibility_reason = eligibility_reason;
-    in.threshold_source = threshold_source;
-    return in;
-  }
-
-  Path path(int64_t m) const {
-    const Path p = decide_path(gate_input(m)).path;
-    return (p == Path::fp8 && fp8_plans.empty()) ? Path::bf16 : p;
-  }
-
-  // The FP8 plan for this M: the tuned bucket's backend (make_fp8_copy decided which plan
-  // runs each bucket), else the primary.
-  Fp8Candidate& fp8_for(int64_t m) {
-    if (tuned && !bucket_plan.empty())
-      if (const TunedBucket* b = tuned->bucket_for(m))
-        return fp8_plans[bucket_plan[static_cast<size_t>(b - tuned->buckets.data())]];
-    return fp8_plans.front();
-  }
-
-  // For explain(): the tuned row and bucket behind this decision, or why there is none.
-  std::string tuned_row_text(int64_t m, const std::string& fp8_backend_used) const {
-    const std::string shape = std::to_string(n) + "x" + std::to_string(k);
-    if (!tuned) {
-      if (!opt.fp8 || !eligible || !arch_ok) return "";
-      if (!tuned_source.empty()) return "; no tuned row for " + shape + " in " + tuned_source;
-      return space == MemorySpace::device && opt.use_tune_table ? "; no tuned table for this GPU" : "";
-    }
-    std::string t = "; tuned row " + shape + " (" + tuned_source + ")";
-    const TunedBucket* b = tuned->bucket_for(m);
-    if (!b) return t + ", beyond its buckets";
-    char times[96];
-    std::snprintf(times, sizeof times, ": bf16 %.1f us, FP8 %.1f us", b->bf16_us, b->fp8_us);
-    t += " bucket [" + std::to_string(b->m_lo) + ", " + std::to_string(b->m_hi) + "]" + times + ", FP8 via " +
-         b->fp8_backend + (b->fp8_config.empty() ? "" : " [" + b->fp8_config + "]");
-    if (!fp8_backend_used.empty() && fp8_backend_used != b->fp8_backend)
-      t += " -- runs on " + fp8_backend_used + " here (" +
-           (opt.fp8_backend != "auto" ? "backend forced to " + opt.fp8_backend : "the tuned backend is unavailable") +
-           ")";
-    return t;
-  }
+  ProblemDesc problem(int64_t m, InputLayout input = InputLayout::bf16_rows) const { return {m, n, k, input}; }
 
   void check_io(const void* x, int64_t m, const void* y) const {
     FP8PROJ_CHECK(m >= 0, opt.name, ": M must be >= 0, got ", m);
@@ -128,56 +62,36 @@ struct ProjectionLayer::Impl {
       FP8PROJ_CHECK(aligned16(x) && aligned16(y), opt.name, ": device input and output must be 16-byte aligned");
   }
 
-  void make_fp8_copy() {
-    const GemmBackend* primary = &resolve_backend(opt.fp8_backend, GemmKind::fp8_block, space, n, k, opt.name);
-    fp8_values = Buffer(space, static_cast<size_t>(n * k));
-    fp8_scales = Buffer(space, static_cast<size_t>(ceil_div(n, 128) * ceil_div(k, 128)) * sizeof(float));
-    const Fp8WeightOut out{fp8_values.data<uint8_t>(), fp8_scales.data<float>(), n, k};
-    ops->quantize_weight(weight, n, k, out, nullptr);
-    ops->synchronize(nullptr);  // the copy must be complete before any stream uses it
+  // One FP8 launch of `rows` rows of a call that selected FP8: its own choice when the chunk is
+  // shorter than the call's launches.
+  void run_fp8(const Selection& call, const Fp8ActivationView& q, bf16* y, StreamHandle stream) const {
+    const Selection l = q.m == call.rows ? call : selector->launch(call, q.m);
+    selector->fp8_plan(l.route).run_with(q, y, l.config, stream);
+  }
 
-    // Which backend runs each tuned bucket: the bucket's own when it can run here (and no
-    // backend was forced), else the primary with its heuristic -- said once in the log.
-    std::vector<const GemmBackend*> wanted = {primary};
-    std::vector<std::pair<const GemmBackend*, std::string>> per_bucket;  // parallel to tuned->buckets
-    if (tuned)
-      for (const auto& b : tuned->buckets) {
-        const GemmBackend* be = find_backend(b.fp8_backend, GemmKind::fp8_block);
-        std::string why;
-        if (opt.fp8_backend != "auto") {
-          if (b.fp8_backend != primary->name()) be = nullptr;  // a forced backend wins; explain() says so
-        } else {
-          why = !be                    ? "not available in this process"
-                : be->space() != space ? "not for this memory space"
-                                       : be->unsupported_reason(n, k);
+  // The tuned row of (N, K) and its typed configurations: an explicit row's names are parsed
+  // here, a table's were parsed when it loaded.
+  void find_tuned(SelectorSpec& spec) const {
+    if (opt.tuned) {
+      spec.tuned = opt.tuned;
+      spec.tuned_source = "ProjectionOptions::tuned";
+      for (const TunedBucket& b : spec.tuned->buckets) {
+        try {
+          spec.tuned_configs.push_back(parse_gemm_config(b.fp8_backend, b.fp8_config));
+        } catch (const Error& e) {
+          FP8PROJ_FAIL(opt.name, ": ProjectionOptions::tuned bucket [", b.m_lo, ", ", b.m_hi, "]: ", e.what());
         }
-        if (!why.empty()) {
-          log_once(LogLevel::warn, "tuned-backend:" + opt.name + ":" + b.fp8_backend,
-                   opt.name + ": tuned table names FP8 backend '" + b.fp8_backend + "' for M in [" +
-                       std::to_string(b.m_lo) + ", " + std::to_string(b.m_hi) + "], which is " + why + "; using " +
-                       std::string(primary->name()) + " there");
-          be = nullptr;
-        }
-        if (!be) {
-          per_bucket.emplace_back(primary, "");
-          continue;
-        }
-        per_bucket.emplace_back(be, b.fp8_config);
-        if (std::find(wanted.begin(), wanted.end(), be) == wanted.end()) wanted.push_back(be);
       }
-    for (const GemmBackend* be : wanted) {
-      GemmPlanOptions po;
-      po.max_m = ws->max_tokens();
-      if (tuned) {
-        std::vector<std::optional<std::string>> runs;
-        for (const auto& [bucket_be, config] : per_bucket)
-          runs.push_back(bucket_be == be ? std::optional<std::string>(config) : std::nullopt);
-        po.config_by_m = tuned_config_by_m(*tuned, runs);
+    } else if (opt.use_tune_table && space == MemorySpace::device) {
+      spec.table_expected = true;
+      if (const TuneTable* t = active_tune_table()) {
+        if (const TunedShape* row = t->find(n, k)) {
+          spec.tuned = *row;
+          for (const TunedBucket& b : row->buckets) spec.tuned_configs.push_back(b.config);
+        }
+        spec.tuned_source = t->source;
       }
-      fp8_plans.push_back({be, be->plan_fp8(out.view(), po)});
     }
-    for (const auto& pb : per_bucket)
-      bucket_plan.push_back(static_cast<size_t>(std::find(wanted.begin(), wanted.end(), pb.first) - wanted.begin()));
   }
 };
 
@@ -202,49 +116,43 @@ ProjectionLayer::ProjectionLayer(MemorySpace space, const bf16* weight, int64_t 
   }
   s.ops = &quant_ops(space);
 
-  s.bf16_backend = &resolve_backend(s.opt.bf16_backend, GemmKind::bf16, space, n, k, name);
+  // What the selection reads, fixed now.
+  SelectorSpec spec;
+  spec.name = name;
+  spec.n = n;
+  spec.k = k;
+  spec.fp8 = s.opt.fp8;
+  spec.policy = s.opt.policy;
+  spec.decode_ceiling = s.opt.decode_ceiling;
+  spec.fp8_backend = s.opt.fp8_backend;
+  if (space == MemorySpace::device && !current_device().is_sm90())
+    spec.arch_reason = "GPU " + current_device().name + " is " + current_device().arch() +
+                       "; the FP8 kernels are built for sm_90a (Hopper)";
+  else if (space == MemorySpace::device && default_backend(GemmKind::fp8_block, space, n, k) == nullptr)
+    spec.arch_reason = "no block-scaled FP8 backend can run " + std::to_string(n) + "x" + std::to_string(k);
+  s.find_tuned(spec);
+  if (s.opt.apply_env && env::min_fp8_tokens()) {
+    spec.threshold = *s.opt.threshold;
+    spec.threshold_source = ThresholdSource::env;
+  } else if (s.opt.threshold) {
+    spec.threshold = *s.opt.threshold;
+    spec.threshold_source = ThresholdSource::option;
+  } else if (spec.tuned) {
+    spec.threshold = spec.tuned->threshold;
+    spec.threshold_source = ThresholdSource::tuned;
+    spec.tuned_decides = true;
+  }
+
+  const GemmBackend& bf16_backend = resolve_backend(s.opt.bf16_backend, GemmKind::bf16, space, n, k, name);
   GemmPlanOptions bo;
   bo.max_m = s.opt.max_tokens;
-  s.bf16_plan = s.bf16_backend->plan_bf16(weight, n, k, bo);
+  std::unique_ptr<Bf16GemmPlan> bf16_plan = bf16_backend.plan_bf16(weight, n, k, bo);
 
-  s.eligibility_reason = fp8_block_shape_reason(n, k);
-  s.eligible = s.eligibility_reason.empty();
-  if (space == MemorySpace::host) {
-    s.arch_ok = true;
-  } else if (!current_device().is_sm90()) {
-    s.arch_reason = "GPU " + current_device().name + " is " + current_device().arch() +
-                    "; the FP8 kernels are built for sm_90a (Hopper)";
-  } else if (default_backend(GemmKind::fp8_block, space, n, k) == nullptr) {
-    s.arch_reason = "no block-scaled FP8 backend can run " + std::to_string(n) + "x" + std::to_string(k);
-  } else {
-    s.arch_ok = true;
-  }
-
-  if (s.opt.tuned) {
-    s.tuned = s.opt.tuned;
-    s.tuned_source = "ProjectionOptions::tuned";
-  } else if (s.opt.use_tune_table && space == MemorySpace::device) {
-    if (const TuneTable* t = active_tune_table()) {
-      if (const TunedShape* row = t->find(n, k)) s.tuned = *row;
-      s.tuned_source = t->source;
-    }
-  }
-  if (s.opt.apply_env && env::min_fp8_tokens()) {
-    s.threshold = *s.opt.threshold;
-    s.threshold_source = "FP8PROJ_MIN_FP8_TOKENS";
-  } else if (s.opt.threshold) {
-    s.threshold = *s.opt.threshold;
-    s.threshold_source = "option";
-  } else if (s.tuned) {
-    s.threshold = s.tuned->threshold;
-    s.threshold_source = "tuned";
-    s.threshold_is_tuned = true;
-  }
-
-  const bool want_fp8 = s.opt.fp8 && s.eligible && s.arch_ok;
+  const bool eligible = fp8_eligible(n, k);
+  const bool want_fp8 = s.opt.fp8 && eligible && spec.arch_reason.empty();
   if (s.opt.fp8 && !want_fp8)
     log_once(LogLevel::info, "ineligible:" + name,
-             name + " stays bf16: " + (s.eligible ? s.arch_reason : s.eligibility_reason));
+             name + " stays bf16: " + (!spec.arch_reason.empty() ? spec.arch_reason : fp8_block_shape_reason(n, k)));
   if (want_fp8 || s.opt.rmsnorm_input) {
     if (s.opt.workspace) {
       s.ws = s.opt.workspace;
@@ -256,7 +164,28 @@ ProjectionLayer::ProjectionLayer(MemorySpace space, const bf16* weight, int64_t 
       s.owns_ws = true;
     }
   }
-  if (want_fp8) s.make_fp8_copy();
+
+  // The FP8 copy (e4m3 + 128x128 scales) and one plan per FP8 backend the buckets route to.
+  Fp8Routing routing;
+  std::vector<std::unique_ptr<Fp8GemmPlan>> fp8_plans;
+  if (want_fp8) {
+    spec.max_rows = s.ws->max_tokens();
+    const GemmBackend& primary = resolve_backend(s.opt.fp8_backend, GemmKind::fp8_block, space, n, k, name);
+    s.fp8_values = Buffer(space, static_cast<size_t>(n * k));
+    s.fp8_scales = Buffer(space, static_cast<size_t>(ceil_div(n, 128) * ceil_div(k, 128)) * sizeof(float));
+    const Fp8WeightOut out{s.fp8_values.data<uint8_t>(), s.fp8_scales.data<float>(), n, k};
+    s.ops->quantize_weight(weight, n, k, out, nullptr);
+    s.ops->synchronize(nullptr);  // the copy must be complete before any stream uses it
+    routing = route_fp8(spec, primary, space,
+                        [](std::string_view nm) { return find_backend(nm, GemmKind::fp8_block); });
+    for (size_t r = 0; r < routing.backends.size(); ++r) {
+      GemmPlanOptions po;
+      po.max_m = s.ws->max_tokens();
+      po.configs_by_m = plan_configs(spec, routing, r);
+      fp8_plans.push_back(routing.backends[r]->plan_fp8(out.view(), po));
+    }
+  }
+  s.selector.emplace(std::move(spec), bf16_backend, std::move(bf16_plan), std::move(routing), std::move(fp8_plans));
 }
 
 ProjectionLayer::~ProjectionLayer() = default;
@@ -266,12 +195,13 @@ ProjectionLayer& ProjectionLayer::operator=(ProjectionLayer&&) noexcept = defaul
 void ProjectionLayer::forward(const bf16* x, int64_t m, bf16* y, StreamHandle stream) {
   Impl& s = *impl_;
   s.check_io(x, m, y);
-  switch (s.path(m)) {
+  const Selection sel = s.selector->select(s.problem(m));
+  switch (sel.path) {
     case Path::none: return;
     case Path::bf16: {
       for (int64_t off = 0; off < m; off += s.opt.max_tokens) {
         const int64_t rows = std::min(s.opt.max_tokens, m - off);
-        s.bf16_plan->run(x + off * s.k, rows, y + off * s.n, stream);
+        s.selector->bf16_plan().run(x + off * s.k, rows, y + off * s.n, stream);
       }
       return;
     }
@@ -281,7 +211,7 @@ void ProjectionLayer::forward(const bf16* x, int64_t m, bf16* y, StreamHandle st
         const int64_t rows = std::min(chunk, m - off);
         const Fp8ActivationOut q = s.ws->fp8(rows, s.k);
         s.ops->quantize_activation(x + off * s.k, rows, s.k, q, stream);
-        s.fp8_for(rows).plan->run(q.view(), y + off * s.n, stream);
+        s.run_fp8(sel, q.view(), y + off * s.n, stream);
       }
       return;
     }
@@ -294,59 +224,55 @@ void ProjectionLayer::forward_rmsnorm(const bf16* x, int64_t x_stride, const bf1
   s.check_io(x, m, y);
   FP8PROJ_CHECK(m == 0 || norm_weight != nullptr, s.opt.name, ": RMSNorm weight is null");
   FP8PROJ_CHECK(x_stride >= s.k, s.opt.name, ": forward_rmsnorm input row stride ", x_stride, " is below K=", s.k);
-  const Path p = s.path(m);
-  if (p == Path::none) return;
+  const Selection sel = s.selector->select(s.problem(m, InputLayout::bf16_rmsnorm));
+  if (sel.path == Path::none) return;
   FP8PROJ_CHECK(s.ws != nullptr, s.opt.name, ": forward_rmsnorm needs ProjectionOptions::rmsnorm_input");
   const int64_t chunk = s.ws->max_tokens();
   for (int64_t off = 0; off < m; off += chunk) {
     const int64_t rows = std::min(chunk, m - off);
-    if (p == Path::fp8) {
+    if (sel.path == Path::fp8) {
       const Fp8ActivationOut q = s.ws->fp8(rows, s.k);
       s.ops->rmsnorm_quantize(x + off * x_stride, x_stride, norm_weight, eps, rows, s.k, q, stream);
-      s.fp8_for(rows).plan->run(q.view(), y + off * s.n, stream);
+      s.run_fp8(sel, q.view(), y + off * s.n, stream);
     } else {
       FP8PROJ_CHECK(s.ws->has_bf16_rows(), s.opt.name, ": workspace has no bf16 rows for forward_rmsnorm");
       s.ops->rmsnorm(x + off * x_stride, x_stride, norm_weight, eps, rows, s.k, s.ws->bf16_rows(), stream);
-      s.bf16_plan->run(s.ws->bf16_rows(), rows, y + off * s.n, stream);
+      s.selector->bf16_plan().run(s.ws->bf16_rows(), rows, y + off * s.n, stream);
     }
   }
 }
 
 void ProjectionLayer::forward_quantized(const Fp8ActivationView& x, bf16* y, StreamHandle stream) {
   Impl& s = *impl_;
-  FP8PROJ_CHECK(!s.fp8_plans.empty(), s.opt.name, ": forward_quantized needs the FP8 copy, which this layer does not ",
-                "hold (", s.opt.fp8 ? (s.eligible ? s.arch_reason : s.eligibility_reason) : "FP8 is off", ")");
+  FP8PROJ_CHECK(s.selector->has_fp8(), s.opt.name, ": forward_quantized needs the FP8 copy, which this layer does not ",
+                "hold (", s.selector->reason_text(s.selector->select(s.problem(std::max<int64_t>(x.m, 1)))), ")");
   FP8PROJ_CHECK(x.k == s.k, s.opt.name, ": quantized input has K=", x.k, ", the layer has K=", s.k);
   s.check_io(x.values, x.m, y);
+  const Selection sel = s.selector->select(s.problem(x.m, InputLayout::fp8_quantized));
+  if (sel.path == Path::none) return;
   const int64_t chunk = s.ws->max_tokens();
   for (int64_t off = 0; off < x.m; off += chunk) {
     const int64_t rows = std::min(chunk, x.m - off);
     // Rows [off, off + rows) of an M-contiguous scale tensor keep its stride: the view moves
     // its start by `off` (a multiple of 4, so device alignment holds).
     const Fp8ActivationView part{x.values + off * x.k, x.scales + off, rows, x.k, x.scale_ld};
-    s.fp8_for(rows).plan->run(part, y + off * s.n, stream);
+    s.run_fp8(sel, part, y + off * s.n, stream);
   }
 }
 
-Path ProjectionLayer::path_for(int64_t m) const { return impl_->path(m); }
+Path ProjectionLayer::path_for(int64_t m) const { return impl_->selector->select(impl_->problem(m)).path; }
+
+Selection ProjectionLayer::select(const ProblemDesc& p) const { return impl_->selector->select(p); }
 
 Explanation ProjectionLayer::explain(int64_t m) const {
-  const Impl& s = *impl_;
-  const GateInput in = s.gate_input(m);
-  const GateDecision d = decide_path(in);
+  const Selector& sel = *impl_->selector;
+  const Selection s = sel.select(impl_->problem(m));
   Explanation e;
   e.m = m;
-  e.path = s.path(m);
-  e.reason = describe(in, d);
-  if (e.path == Path::bf16) {
-    e.backend = std::string(s.bf16_backend->name());
-    e.config = s.bf16_plan->describe(m);
-  } else if (e.path == Path::fp8) {
-    auto& c = const_cast<Impl&>(s).fp8_for(std::min(m, s.ws->max_tokens()));
-    e.backend = std::string(c.backend->name());
-    e.config = c.plan->describe(std::min(m, s.ws->max_tokens()));
-  }
-  e.reason += s.tuned_row_text(m, e.path == Path::fp8 ? e.backend : "");
+  e.path = s.path;
+  e.reason = sel.reason_text(s);
+  if (s.backend) e.backend = std::string(s.backend->name());
+  e.config = sel.config_text(s);
   return e;
 }
 
@@ -357,7 +283,7 @@ ProjectionMemory ProjectionLayer::memory() const {
   mem.fp8_values = s.fp8_values.bytes();
   mem.fp8_scales = s.fp8_scales.bytes();
   mem.workspace = s.owns_ws ? s.ws->bytes() : 0;
-  for (const auto& c : s.fp8_plans) mem.workspace += c.plan->workspace_bytes();
+  for (size_t r = 0; r < s.selector->fp8_plan_count(); ++r) mem.workspace += s.selector->fp8_plan(r).workspace_bytes();
   return mem;
 }
 
@@ -365,7 +291,7 @@ const std::string& ProjectionLayer::name() const { return impl_->opt.name; }
 int64_t ProjectionLayer::n() const { return impl_->n; }
 int64_t ProjectionLayer::k() const { return impl_->k; }
 MemorySpace ProjectionLayer::space() const { return impl_->space; }
-bool ProjectionLayer::has_fp8_copy() const { return !impl_->fp8_plans.empty(); }
+bool ProjectionLayer::has_fp8_copy() const { return impl_->selector->has_fp8(); }
 const ProjectionOptions& ProjectionLayer::options() const { return impl_->opt; }
 const bf16* ProjectionLayer::bf16_weight() const { return impl_->weight; }
 std::optional<Fp8WeightView> ProjectionLayer::fp8_weight() const {

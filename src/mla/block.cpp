@@ -58,7 +58,6 @@ std::string MlaExplanation::to_string() const {
 
 namespace {
 
-
 Buffer alloc_bf16(MemorySpace space, int64_t count) {
   return Buffer(space, static_cast<size_t>(std::max<int64_t>(count, 1)) * sizeof(bf16));
 }
@@ -150,7 +149,7 @@ void MlaBlock::Impl::init(MemorySpace sp, const MlaConfig& c, mla::MlaWeights we
       return t;
     }
     ProjectionOptions u = untagged(suffix);
-    u.fp8 = tagged_fp8 && !fp8_block_shape_ok(n, k);
+    u.fp8 = tagged_fp8 && !fp8_eligible(n, k);
     return u;
   };
   FP8PROJ_CHECK(!opt.residual_input || cfg.has_q_lora(), name, ": residual_input needs q LoRA (",
@@ -173,7 +172,7 @@ void MlaBlock::Impl::init(MemorySpace sp, const MlaConfig& c, mla::MlaWeights we
   o = std::make_unique<ProjectionLayer>(space, w.o.data<bf16>(), cfg.hidden, cfg.o_in_dim(), op);
 
   if (opt.fuse_attention_quant && tagged_fp8 && cfg.v_head_dim % 128 == 0 &&
-      fp8_block_shape_ok(cfg.hidden, cfg.o_in_dim())) {
+      fp8_eligible(cfg.hidden, cfg.o_in_dim())) {
     attn_q_values = Buffer(space, static_cast<size_t>(max_tokens * cfg.o_in_dim()));
     attn_q_scales = Buffer(space, static_cast<size_t>(cfg.o_in_dim() / 128 * max_tokens) * sizeof(float));
   }
@@ -542,7 +541,7 @@ MlaExplanation MlaBlock::explain(int64_t tokens) const {
         "tagged: " + rank + "column-parallel by heads; FP8 input = q_a_layernorm fused with the 1x128 quantization "
         "(one pass over the q_a columns of fused_qkv_a's output)");
   } else {
-    const bool ok = fp8_block_shape_ok(c.q_dim(), c.q_in_dim());
+    const bool ok = fp8_eligible(c.q_dim(), c.q_in_dim());
     add(MlaProjection::q_b_proj, "q_proj", true,
         "tagged: no q LoRA, so the plain q_proj takes q_b_proj's place; " +
             std::string(ok ? "N=" + std::to_string(c.q_dim()) + ", K=" + std::to_string(c.q_in_dim()) +

@@ -3,7 +3,7 @@
 
 #include "fp8proj/error.hpp"
 #include "fp8proj/quantize.hpp"
-#include "gemm/backends.hpp"
+#include "quant/device_ops.hpp"
 
 namespace fp8proj {
 

@@ -33,7 +33,7 @@
 
 #include <cuda_runtime.h>
 
-#include "cuda/common/cuda_check.hpp"
+#include "core/cuda_check.hpp"
 #endif
 
 #ifndef FP8PROJ_NCCL_LIBRARY_HINT

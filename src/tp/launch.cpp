@@ -26,7 +26,7 @@
 #if FP8PROJ_WITH_CUDA
 #include <cuda_runtime.h>
 
-#include "cuda/common/cuda_check.hpp"
+#include "core/cuda_check.hpp"
 #endif
 
 namespace fp8proj {

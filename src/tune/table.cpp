@@ -12,10 +12,7 @@
 #include "fp8proj/error.hpp"
 #include "fp8proj/log.hpp"
 #include "fp8proj/tune.hpp"
-
-#ifndef FP8PROJ_CONFIG_DIR
-#define FP8PROJ_CONFIG_DIR "configs"
-#endif
+#include "tune/config_dir.hpp"
 
 namespace fp8proj {
 
@@ -104,6 +101,11 @@ TuneTable load_tune_table(const std::string& path) {
                     bk.m_lo, ", ", bk.m_hi, "] after ", prev_hi);
       FP8PROJ_CHECK(bk.bf16_us > 0 && bk.fp8_us > 0, sw, ": bucket [", bk.m_lo, ", ", bk.m_hi,
                     "] has a non-positive time");
+      try {
+        bk.config = parse_gemm_config(bk.fp8_backend, bk.fp8_config);
+      } catch (const Error& e) {
+        FP8PROJ_FAIL(sw, ": bucket [", bk.m_lo, ", ", bk.m_hi, "]: ", e.what());
+      }
       prev_hi = bk.m_hi;
       shape.buckets.push_back(std::move(bk));
     }
@@ -169,9 +171,17 @@ const TuneTable* active_tune_table() {
       path = *f;
     } else {
       if (!dev.present) return;
-      path = (std::filesystem::path(FP8PROJ_CONFIG_DIR) / tune_file_name(dev.name)).string();
-      if (!std::filesystem::exists(path)) {
-        log(LogLevel::info, "no tuned table for " + dev.name + " (looked for " + path + "); using defaults");
+      std::string looked;
+      for (const std::string& dir : tune_table_dirs()) {
+        const std::string candidate = (std::filesystem::path(dir) / tune_file_name(dev.name)).string();
+        if (std::filesystem::exists(candidate)) {
+          path = candidate;
+          break;
+        }
+        looked += (looked.empty() ? "" : ", ") + candidate;
+      }
+      if (path.empty()) {
+        log(LogLevel::info, "no tuned table for " + dev.name + " (looked for " + looked + "); using defaults");
         return;
       }
     }

@@ -227,7 +227,7 @@ TunedShape make_tuned_shape(int64_t n, int64_t k, const std::vector<BucketChoice
     FP8PROJ_CHECK(c.complete, "tune ", n, "x", k, ": bucket [", c.bucket.lo, ", ", c.bucket.hi,
                   "] has no complete measurement (bf16 and an FP8 candidate at M = ",
                   fmt::format("{}", fmt::join(c.points, ", ")), ")");
-    s.buckets.push_back({c.bucket.lo, c.bucket.hi, c.fp8_backend, c.fp8_config, c.bf16_gmean, c.fp8_gmean});
+    s.buckets.push_back({c.bucket.lo, c.bucket.hi, c.fp8_backend, c.fp8_config, c.bf16_gmean, c.fp8_gmean, HeuristicConfig{}});
     prev = c.bucket.hi;
   }
   s.threshold = select_threshold(choices);

@@ -197,11 +197,11 @@ TEST(Sm90Fp8Heuristic, NTailsHaveCandidatesCoveringN) {
     }
   }
   // The one shape predicate the layer and the backends share.
-  EXPECT_TRUE(fp8_block_shape_ok(2624, 6144));
-  EXPECT_TRUE(fp8_block_shape_ok(16, 128));
-  EXPECT_FALSE(fp8_block_shape_ok(2632, 6144));  // 8 mod 16
-  EXPECT_FALSE(fp8_block_shape_ok(2624, 6100));
-  EXPECT_FALSE(fp8_block_shape_ok(0, 128));
+  EXPECT_TRUE(fp8_eligible(2624, 6144));
+  EXPECT_TRUE(fp8_eligible(16, 128));
+  EXPECT_FALSE(fp8_eligible(2632, 6144));  // 8 mod 16
+  EXPECT_FALSE(fp8_eligible(2624, 6100));
+  EXPECT_FALSE(fp8_eligible(0, 128));
 }
 
 TEST(Sm90Fp8Heuristic, MZeroHasNoCandidates) {

@@ -7,11 +7,14 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "fp8proj/device.hpp"
 #include "fp8proj/error.hpp"
+#include "fp8proj/gemm_config.hpp"
 #include "fp8proj/tune.hpp"
+#include "tune/config_dir.hpp"
 
 namespace fp8proj {
 namespace {
@@ -25,7 +28,7 @@ TuneTable sample() {
   s.n = 16384;
   s.k = 2048;
   s.threshold = 96;
-  s.buckets = {{1, 16, "sm90_fp8_block", "m64n128", 10, 12}, {17, 128, "sm90_fp8_block", "m64n128", 20, 15},
+  s.buckets = {{1, 16, "sm90_fp8_block", "m64n128_ws1_st8", 10, 12}, {17, 128, "sm90_fp8_block", "m64n128_ws1_st8", 20, 15},
                {129, 32768, "cublaslt_fp8_block", "", 100, 60}};
   t.shapes.push_back(s);
   return t;
@@ -41,10 +44,44 @@ TEST(TuneTable, RoundTrip) {
   const TunedShape& s = *t.find(16384, 2048);
   EXPECT_EQ(s.threshold, 96);
   EXPECT_EQ(s.bucket_for(16)->m_hi, 16);
-  EXPECT_EQ(s.bucket_for(17)->fp8_config, "m64n128");
+  EXPECT_EQ(s.bucket_for(17)->fp8_config, "m64n128_ws1_st8");
   EXPECT_TRUE(s.bucket_for(64)->fp8_wins());
   EXPECT_FALSE(s.bucket_for(1)->fp8_wins());
   EXPECT_EQ(s.bucket_for(40000), nullptr);
+  // The configuration is parsed once, when the table loads.
+  const auto* typed = std::get_if<sm90::Config>(&s.bucket_for(17)->config);
+  ASSERT_NE(typed, nullptr);
+  EXPECT_EQ(typed->block_m, 64);
+  EXPECT_EQ(typed->math_wgs, 1);
+  EXPECT_EQ(typed->stages, 8);
+  EXPECT_TRUE(is_heuristic(s.bucket_for(200)->config));
+}
+
+TEST(TuneTable, ConfigurationNamesAreCheckedWhenTheTableLoads) {
+  TuneTable t = sample();
+  t.shapes[0].buckets[1].fp8_config = "m64n128";  // not the grammar
+  const std::string path = temp_path("tune_badcfg.json");
+  save_tune_table(t, path);
+  try {
+    load_tune_table(path);
+    ADD_FAILURE() << "accepted a bad configuration name";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find(path), std::string::npos) << what;
+    EXPECT_NE(what.find("[17, 128]"), std::string::npos) << what;
+    EXPECT_NE(what.find("m64n128"), std::string::npos) << what;
+  }
+  t.shapes[0].buckets[1].fp8_config = "m96n128_ws2_st5";  // the grammar, but no compiled kernel
+  save_tune_table(t, path);
+  EXPECT_THROW(load_tune_table(path), Error);
+  t = sample();
+  t.shapes[0].buckets[2].fp8_config = "m128n128_ws2_st5";  // cublaslt_fp8_block has no named configurations
+  save_tune_table(t, path);
+  EXPECT_THROW(load_tune_table(path), Error);
+  // The grammar in and out, per backend.
+  EXPECT_EQ(config_name(parse_gemm_config("sm90_fp8_block", "swapab_m16n128_ws2_st11_sk4")), "swapab_m16n128_ws2_st11_sk4");
+  EXPECT_TRUE(is_heuristic(parse_gemm_config("cpu_reference", "")));
+  EXPECT_THROW(parse_gemm_config("cpu_reference", "x"), Error);
 }
 
 void expect_rejected(const std::string& text, const char* needle) {
@@ -92,6 +129,18 @@ TEST(TuneTable, StampMustMatchTheGpu) {
   EXPECT_NE(stamp_mismatch(sample().stamp, DeviceInfo{}), "");
 }
 
+// The shipped tables are found next to the binaries (build tree: build/share/fp8proj/configs,
+// a link to configs/; installed: <prefix>/share/fp8proj/configs), not through a compiled-in
+// source path.
+TEST(TuneTable, ShippedTablesAreFoundNextToTheBinaries) {
+  const std::vector<std::string> dirs = tune_table_dirs();
+  ASSERT_FALSE(dirs.empty());
+  bool found = false;
+  for (const auto& d : dirs) found = found || std::ifstream(d + "/nvidia-h200.json").good();
+  EXPECT_TRUE(found) << "looked in " << dirs.front() << " and " << dirs.size() - 1 << " more";
+  for (const auto& d : dirs) EXPECT_NE(d.find("share/fp8proj/configs"), std::string::npos) << d;
+}
+
 TEST(TuneTable, FileNameFromGpuName) {
   EXPECT_EQ(tune_file_name("NVIDIA H200"), "nvidia-h200.json");
   EXPECT_EQ(tune_file_name("NVIDIA H100 80GB HBM3"), "nvidia-h100-80gb-hbm3.json");
@@ -104,10 +153,10 @@ TEST(TuneTable, ConfigByMForOnePlan) {
   const TunedShape& row = table.shapes[0];
   using Runs = std::vector<std::optional<std::string>>;
   using Out = std::vector<std::pair<int64_t, std::string>>;
-  EXPECT_EQ(tuned_config_by_m(row, Runs{"m64n128", "m64n128", std::nullopt}),
-            (Out{{16, "m64n128"}, {128, "m64n128"}}));
-  EXPECT_EQ(tuned_config_by_m(row, Runs{"", "m64n128", std::nullopt}), (Out{{16, ""}, {128, "m64n128"}}));
-  EXPECT_EQ(tuned_config_by_m(row, Runs{"m64n128", "", ""}), (Out{{16, "m64n128"}, {128, ""}, {32768, ""}}));
+  EXPECT_EQ(tuned_config_by_m(row, Runs{"m64n128_ws1_st8", "m64n128_ws1_st8", std::nullopt}),
+            (Out{{16, "m64n128_ws1_st8"}, {128, "m64n128_ws1_st8"}}));
+  EXPECT_EQ(tuned_config_by_m(row, Runs{"", "m64n128_ws1_st8", std::nullopt}), (Out{{16, ""}, {128, "m64n128_ws1_st8"}}));
+  EXPECT_EQ(tuned_config_by_m(row, Runs{"m64n128_ws1_st8", "", ""}), (Out{{16, "m64n128_ws1_st8"}, {128, ""}, {32768, ""}}));
   EXPECT_TRUE(tuned_config_by_m(row, Runs{"", std::nullopt, ""}).empty());
   EXPECT_TRUE(tuned_config_by_m(row, Runs{std::nullopt, std::nullopt, std::nullopt}).empty());
   EXPECT_THROW(tuned_config_by_m(row, Runs{""}), Error);

@@ -8,14 +8,18 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "fp8proj/projection.hpp"
+#include "fp8proj/reference.hpp"
 #include "gpu_test_util.hpp"
 
 namespace fp8proj {
 namespace {
 
 using testing::GpuTest;
+using testing::poisoned;
+using testing::to_host;
 
 class ProjectionGraphGpu : public GpuTest {};
 
@@ -81,6 +85,52 @@ TEST_F(ProjectionGraphGpu, ForwardCapturedAndReplayedEqualsEager) {
     cudaGraphDestroy(graph);
   }
   cudaStreamDestroy(stream);
+}
+
+// The selection's typed configuration reaches the sm90 plan: a tuned row naming one kernel per
+// bucket runs exactly those kernels (select() and explain() name them), each within the FP8
+// GEMM tolerance of the same layer left to the heuristic.
+TEST_F(ProjectionGraphGpu, TunedConfigurationsRunAsSelected) {
+  if (!current_device().is_sm90()) GTEST_SKIP() << "FP8 path needs sm_90; this GPU is " << current_device().arch();
+  const int64_t n = 2048, k = 2048, max_m = 4096;
+  Buffer w(MemorySpace::device, n * k * sizeof(bf16));
+  fill_normal(MemorySpace::device, w.data<bf16>(), n * k, 41, 0.02f);
+  ProjectionOptions o;
+  o.name = "tuned_device";
+  o.fp8 = true;
+  o.policy = Fp8Policy::all;
+  o.decode_ceiling = 0;
+  o.apply_env = false;
+  o.use_tune_table = false;
+  o.max_tokens = max_m;
+  ProjectionOptions plain = o;
+  plain.threshold = 0;
+  TunedShape row;
+  row.n = n;
+  row.k = k;
+  row.threshold = 0;
+  row.buckets = {{1, 64, "sm90_fp8_block", "swapab_m16n128_ws2_st11", 2, 1, {}},
+                 {65, max_m, "sm90_fp8_block", "m128n192_ws2_st4", 2, 1, {}}};
+  o.tuned = row;
+  ProjectionLayer tuned(MemorySpace::device, w.data<bf16>(), n, k, o);
+  ProjectionLayer heuristic(MemorySpace::device, w.data<bf16>(), n, k, plain);
+  for (const auto& [m, name] : {std::pair<int64_t, const char*>{32, "swapab_m16n128_ws2_st11"},
+                                std::pair<int64_t, const char*>{1000, "m128n192_ws2_st4"}}) {
+    const Selection sel = tuned.select({m, n, k});
+    EXPECT_EQ(sel.path, Path::fp8);
+    EXPECT_EQ(config_name(sel.config), name);
+    EXPECT_EQ(tuned.explain(m).config, name) << tuned.explain(m).to_string();
+    Buffer x(MemorySpace::device, m * k * sizeof(bf16));
+    fill_normal(MemorySpace::device, x.data<bf16>(), m * k, 300 + m, 1.0f);
+    Buffer y = poisoned(m * n * sizeof(bf16)), ref = poisoned(m * n * sizeof(bf16));
+    tuned.forward(x.data<bf16>(), m, y.data<bf16>());
+    heuristic.forward(x.data<bf16>(), m, ref.data<bf16>());
+    const auto yh = to_host<bf16>(y.data(), m * n), rh = to_host<bf16>(ref.data(), m * n);
+    const ErrorStats e = compare(yh.data(), rh.data(), m * n);
+    EXPECT_EQ(e.non_finite, 0) << "M=" << m << " " << name;
+    EXPECT_LE(e.rel_frobenius, 2 * kFp8GemmRelTol) << "M=" << m << " " << name << " vs "
+                                                   << heuristic.explain(m).config;
+  }
 }
 
 }  // namespace

@@ -53,7 +53,7 @@
 #include <utility>
 #include <vector>
 
-#include "cuda/common/cuda_check.hpp"
+#include "core/cuda_check.hpp"
 #include "cuda/common/tensor_map.hpp"
 #include "cuda/kernels/ptx/tma.cuh"
 #include "cuda/gemm/sm90_fp8_gemm.hpp"
@@ -361,6 +361,7 @@ struct DevBuf {
 constexpr int kGrid = 1024, kBlock = 256;
 int g_passed = 0, g_failed = 0;
 std::vector<std::string> g_summary;  // one BEST line per timed problem
+std::vector<Config> g_ran;             // kernels of the family that ran and passed (split_k = 1)
 
 void report(bool ok, const std::string& what) {
   (ok ? g_passed : g_failed)++;
@@ -467,6 +468,10 @@ void run_problem(int64_t M, int64_t N, int64_t K, int idx, const Options& opt, c
       report(written, std::string(head) + ": unwritten or non-finite outputs");
       report(accurate, std::string(head) + ": relative Frobenius error " + std::to_string(rel) + " > 2e-3");
       report(deterministic, std::string(head) + ": not bitwise deterministic over 3 runs");
+      Config base = cfg;
+      base.split_k = 1;
+      if (written && accurate && deterministic && std::find(g_ran.begin(), g_ran.end(), base) == g_ran.end())
+        g_ran.push_back(base);
 
       if (opt.quick) {
         // NaN propagation: one A scale (row M-1, last K block) and one B scale (block 0, K block 0).
@@ -580,6 +585,7 @@ int main(int argc, char** argv) {
               prop.l2CacheSize >> 20, runtime, driver);
   if (opt.floor) return run_floor(std::max(opt.reps, 50), prop.multiProcessorCount);
 
+  const bool default_problems = opt.problems.empty();
   if (opt.problems.empty()) {
     if (opt.quick) {
       // Tails in M (1, 7, 33, 100, 129, 255, 1000, 1100, 2100), N not a multiple of the
@@ -633,6 +639,14 @@ int main(int argc, char** argv) {
     } catch (const Error& e) {
       report(false, std::string("problem setup threw ") + e.what());
     }
+  }
+  // The default --quick set is the sweep over the whole family (ctest gpu.sm90_all_configs):
+  // every compiled kernel must have run and passed on at least one of its problems.
+  if (opt.quick && opt.config.empty() && default_problems) {
+    for (const Config& c : kernel_family())
+      report(std::find(g_ran.begin(), g_ran.end(), c) != g_ran.end(),
+             "kernel " + c.name() + " of kernel_family() did not run and pass on any --quick problem");
+    std::printf("--quick: %zu of %zu compiled kernels ran and passed\n", g_ran.size(), kernel_family().size());
   }
   if (!g_summary.empty()) {
     std::printf("SUMMARY (fastest config per problem; pick = the heuristic's choice)\n");

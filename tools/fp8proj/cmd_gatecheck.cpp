@@ -25,7 +25,8 @@
 #include "fp8proj/projection.hpp"
 #include "fp8proj/tune.hpp"
 #include "fp8proj/tuner.hpp"
-#include "tune_cli.hpp"
+#include "gatecheck.hpp"
+#include "tune_common.hpp"
 
 namespace fp8proj::cli {
 
@@ -184,7 +185,7 @@ void run_gatecheck(const CheckArgs& a) {
     return std::clamp(want, topt.reps, 4 * topt.reps);
   };
   for (const TunedShape& s : table.shapes) {
-    if (s.buckets.empty() || !fp8_block_shape_ok(s.n, s.k)) continue;
+    if (s.buckets.empty() || !fp8_eligible(s.n, s.k)) continue;
     std::set<int64_t> tuning_points;
     for (const auto& b : s.buckets)
       for (int64_t p : tune::sample_points({b.m_lo, b.m_hi, 0})) tuning_points.insert(p);

@@ -7,7 +7,7 @@
 #include "commands.hpp"
 #include "common.hpp"
 #include "fp8proj/env.hpp"
-#include "fp8proj/gate.hpp"
+#include "fp8proj/selection.hpp"
 #include "fp8proj/gemm.hpp"
 #include "fp8proj/tune.hpp"
 

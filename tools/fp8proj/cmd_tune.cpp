@@ -1,6 +1,6 @@
 // fp8proj tune: per weight shape (N, K) and M bucket, times the bf16 path and every FP8
 // candidate -- each FP8 backend of this device with each configuration it offers
-// (GemmBackend::candidate_configs) and its own heuristic -- through the projection layer with
+// (tune::config_space, tuner.hpp) and its own heuristic -- through the projection layer with
 // FP8 forced on (activation quantization included, FP8PROJ_* ignored), L2 flushed before
 // every timed call. Picks the candidate per bucket and the threshold (include/fp8proj/
 // tuner.hpp says how), splits buckets whose verdict does not hold across them, and writes the
@@ -10,7 +10,6 @@
 // --from FILE --md OUT rewrites the summary of an existing table without measuring.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -27,99 +26,10 @@
 #include "fp8proj/projection.hpp"
 #include "fp8proj/tune.hpp"
 #include "fp8proj/tuner.hpp"
-#include "tune_cli.hpp"
+#include "gatecheck.hpp"
+#include "tune_common.hpp"
 
 namespace fp8proj::cli {
-
-// ---- progress bar, labels (shared with cmd_gatecheck.cpp) ----
-
-std::string format_duration(double s) {
-  const auto t = static_cast<int64_t>(std::max(0.0, std::round(s)));
-  if (t >= 3600) return fmt::format("{}:{:02}:{:02}", t / 3600, t / 60 % 60, t % 60);
-  return fmt::format("{}:{:02}", t / 60, t % 60);
-}
-
-Progress::Progress(double total_us) : total_(total_us), tty_(isatty(STDERR_FILENO) == 1) {
-  t0_ = last_draw_ = std::chrono::steady_clock::now();
-}
-
-double Progress::elapsed_s() const {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
-}
-
-void Progress::start(const std::string& what) {
-  what_ = what;
-  draw(false);
-}
-
-void Progress::done(double us) {
-  done_ += us;
-  draw(false);
-}
-
-void Progress::clear() {
-  if (tty_ && shown_) std::fprintf(stderr, "\r\033[K");
-  shown_ = false;
-}
-
-void Progress::finish() {
-  done_ = total_;
-  if (tty_ || last_step_ != 20) draw(true);
-  if (tty_) std::fprintf(stderr, "\n");
-  shown_ = false;
-}
-
-void Progress::draw(bool force) {
-  const auto now = std::chrono::steady_clock::now();
-  const double f = total_ > 0 ? std::min(1.0, done_ / total_) : 1.0;
-  const int step = static_cast<int>(f * 20);  // 5% steps for log files
-  if (!force) {
-    if (tty_ && shown_ && now - last_draw_ < std::chrono::milliseconds(100)) return;
-    if (!tty_ && step == last_step_) return;
-  }
-  last_draw_ = now;
-  last_step_ = step;
-  const double el = elapsed_s();
-  // ETA from the measured rate once a little is done; before that, from the estimate.
-  const double eta = f > 0.02 ? el * (1 - f) / f : (total_ - done_) * 1e-6;
-  constexpr int kWidth = 24;
-  const int fill = static_cast<int>(f * kWidth);
-  std::string what = what_;
-  if (what.size() > 72) what = what.substr(0, 69) + "...";
-  const std::string line =
-      fmt::format("[{}{}] {:3.0f}%  {} elapsed, ETA {}  {}", std::string(fill, '#'), std::string(kWidth - fill, '.'),
-                  100 * f, format_duration(el), format_duration(eta), what);
-  if (tty_)
-    std::fprintf(stderr, "\r\033[K%s", line.c_str());
-  else
-    std::fprintf(stderr, "%s\n", line.c_str());
-  std::fflush(stderr);
-  shown_ = true;
-}
-
-std::string shape_label(int64_t n, int64_t k) {
-  std::string out;
-  for (const std::string& model : model_names())
-    for (int tp : {1, 2, 4, 8}) {
-      std::vector<ProjectionShape> shapes;
-      try {
-        shapes = dense_gemm_shapes(model, tp);
-      } catch (const Error&) {
-        continue;  // TP does not divide this model's heads
-      }
-      for (const auto& s : shapes)
-        if (s.n == n && s.k == k)
-          out += (out.empty() ? "" : " = ") + s.model + " " + s.gemm + " TP" + std::to_string(tp);
-    }
-  return out.empty() ? "custom" : out;
-}
-
-std::string csv_escape(const std::string& s) {
-  if (s.find_first_of(",\"\n") == std::string::npos) return s;
-  std::string o = "\"";
-  for (char c : s) o += c == '"' ? std::string("\"\"") : std::string(1, c);
-  return o + "\"";
-}
 
 namespace {
 
@@ -166,9 +76,10 @@ std::vector<Candidate> candidates_at(const std::vector<const GemmBackend*>& back
   std::vector<Candidate> out;
   for (const GemmBackend* be : backends) {
     std::vector<std::string> names = {""};
-    for (int64_t p : ms)
-      for (auto& nm : be->candidate_configs(p, n, k))
-        if (std::find(names.begin(), names.end(), nm) == names.end()) names.push_back(std::move(nm));
+    if (const tune::ConfigSpace* space = tune::config_space(be->name()))
+      for (int64_t p : ms)
+        for (auto& nm : space->candidates(p, n, k))
+          if (std::find(names.begin(), names.end(), nm) == names.end()) names.push_back(std::move(nm));
     for (auto& nm : names) out.push_back({be, std::move(nm)});
   }
   return out;
@@ -289,7 +200,7 @@ class ShapeTuner {
     row.n = job_.n;
     row.k = job_.k;
     row.threshold = 0;
-    row.buckets = {{1, rows_cap_, key.first, config, 1.0, 1.0}};
+    row.buckets = {{1, rows_cap_, key.first, config, 1.0, 1.0, HeuristicConfig{}}};  // names parsed by the layer
     o.tuned = row;
     auto layer = std::make_unique<ProjectionLayer>(space_, w_.data(), job_.n, job_.k, o);
     FP8PROJ_CHECK(layer->has_fp8_copy(), o.name, ": no FP8 path (", layer->explain(1).reason, ")");
@@ -568,8 +479,8 @@ void run_tune(const TuneArgs& a) {
       };
       // Where the chosen FP8 candidate's time steps up inside a bucket (one more wave).
       const tune::StepFn step = [&](const tune::BucketChoice& c) -> int64_t {
-        const GemmBackend* be = find_backend(c.fp8_backend, GemmKind::fp8_block);
-        return be ? be->wave_step(c.fp8_config, c.bucket.lo, c.bucket.hi, job.n, job.k) : 0;
+        const tune::ConfigSpace* space = tune::config_space(c.fp8_backend);
+        return space ? space->wave_step(c.fp8_config, c.bucket.lo, c.bucket.hi, job.n, job.k) : 0;
       };
       const std::vector<tune::BucketChoice> choices = tune::search(buckets0, measure, a.max_split, margin, step);
       progress.clear();

@@ -44,7 +44,7 @@
 
 #include "cuda/attention/attention_kernels.hpp"
 #include "cuda/attention/sm90_attention_common.cuh"
-#include "cuda/common/cuda_check.hpp"
+#include "core/cuda_check.hpp"
 
 namespace fp8proj::gpu {
 namespace attn {

@@ -55,7 +55,7 @@
 
 #include "cuda/attention/attention_kernels.hpp"
 #include "cuda/attention/sm90_attention_common.cuh"
-#include "cuda/common/cuda_check.hpp"
+#include "core/cuda_check.hpp"
 #include "cuda/quant/fp8_group_quant.cuh"
 
 namespace fp8proj::gpu {

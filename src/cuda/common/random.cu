@@ -1,7 +1,7 @@
 // Device side of fill_normal / fill_bytes (include/fp8proj/random.hpp). Synchronous: these
 // prepare test and benchmark data, never run on a hot path.
 #include "core/random_hash.hpp"
-#include "cuda/common/cuda_check.hpp"
+#include "core/cuda_check.hpp"
 #include "fp8proj/bf16.hpp"
 #include "fp8proj/tensor.hpp"
 

@@ -3,7 +3,7 @@
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
-#include "cuda/common/cuda_check.hpp"
+#include "core/cuda_check.hpp"
 #include "fp8proj/error.hpp"
 
 namespace fp8proj {

@@ -1,7 +1,7 @@
 // Device timing (include/fp8proj/timing.hpp): events around each call, L2 flushed before it.
 #include <vector>
 
-#include "cuda/common/cuda_check.hpp"
+#include "core/cuda_check.hpp"
 #include "fp8proj/device.hpp"
 #include "fp8proj/timing.hpp"
 

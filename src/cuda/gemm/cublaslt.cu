@@ -4,7 +4,7 @@
 #include <iterator>
 #include <utility>
 
-#include "cuda/common/cuda_check.hpp"
+#include "core/cuda_check.hpp"
 
 namespace fp8proj::lt {
 

@@ -37,7 +37,7 @@
 #include <string>
 
 #include "cuda/common/alignment.hpp"
-#include "cuda/common/cuda_check.hpp"
+#include "core/cuda_check.hpp"
 #include "cuda/gemm/cublaslt.hpp"
 #include "fp8proj/device.hpp"
 #include "fp8proj/formats.hpp"

@@ -18,7 +18,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "cuda/common/cuda_check.hpp"
+#include "core/cuda_check.hpp"
 #include "cuda/common/tensor_map.hpp"
 #include "cuda/kernels/sm90_fp8_gemm_1d2d.cuh"
 #include "cuda/kernels/sm90_fp8_gemm_swapab.cuh"

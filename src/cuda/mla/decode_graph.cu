@@ -4,7 +4,7 @@
 // without re-capturing.
 #include <cuda_runtime.h>
 
-#include "cuda/common/cuda_check.hpp"
+#include "core/cuda_check.hpp"
 #include "fp8proj/error.hpp"
 #include "fp8proj/mla.hpp"
 

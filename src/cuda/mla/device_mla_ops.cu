@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "cuda/common/cuda_check.hpp"
+#include "core/cuda_check.hpp"
 #include "cuda/mla/mla_kernels.hpp"
 #include "fp8proj/error.hpp"
 #include "mla/mla_ops.hpp"

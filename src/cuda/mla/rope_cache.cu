@@ -26,7 +26,7 @@
 // offsets[0..B] by thread 0 (B <= a few hundred: 8 L1-resident loads).
 #include <cuda_runtime.h>
 
-#include "cuda/common/cuda_check.hpp"
+#include "core/cuda_check.hpp"
 #include "cuda/mla/mla_kernels.hpp"
 
 namespace fp8proj::mla::gpu {

@@ -30,7 +30,7 @@
 // multiples of 32, v of 8); rows past `rows` load zeros and are not stored.
 #include <cuda_runtime.h>
 
-#include "cuda/common/cuda_check.hpp"
+#include "core/cuda_check.hpp"
 #include "cuda/mla/mla_kernels.hpp"
 
 namespace fp8proj::mla::gpu {

@@ -8,7 +8,7 @@
 #include <functional>
 #include <vector>
 
-#include "cuda/common/cuda_check.hpp"
+#include "core/cuda_check.hpp"
 #include "fp8proj/device.hpp"
 #include "fp8proj/mla.hpp"
 

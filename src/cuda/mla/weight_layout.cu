@@ -12,7 +12,7 @@
 // runs once at load (12 MB of W_UK for GLM-5).
 #include <cuda_runtime.h>
 
-#include "cuda/common/cuda_check.hpp"
+#include "core/cuda_check.hpp"
 #include "cuda/mla/mla_kernels.hpp"
 
 namespace fp8proj::mla::gpu {

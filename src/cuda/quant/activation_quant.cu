@@ -26,7 +26,7 @@
 //     multiple of 512) per 8-lane group, which keeps every lane in the shuffles.
 // Traffic: 2MK read + MK + MK/32 written; the bandwidth test in tests/gpu compares it with a
 // device-to-device copy of the same number of bytes (target >= 75%).
-#include "cuda/common/cuda_check.hpp"
+#include "core/cuda_check.hpp"
 #include "cuda/quant/fp8_group_quant.cuh"
 #include "cuda/quant/quant_kernels.hpp"
 

@@ -4,12 +4,12 @@
 #include <cstdint>
 
 #include "cuda/common/alignment.hpp"
-#include "cuda/common/cuda_check.hpp"
+#include "core/cuda_check.hpp"
 #include "cuda/quant/quant_kernels.hpp"
 #include "fp8proj/error.hpp"
 #include "fp8proj/ops.hpp"
 #include "fp8proj/quantize.hpp"
-#include "gemm/backends.hpp"
+#include "quant/device_ops.hpp"
 
 namespace fp8proj {
 

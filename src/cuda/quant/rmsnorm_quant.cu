@@ -30,7 +30,7 @@
 //   - Fused scales: the CTA gathers its 8 rows x K/128 scales in shared memory and writes each
 //     group's 8 rows as one 32-byte run instead of 8 scattered 4-byte stores.
 //   - M = 4096: 512 CTAs, ~2 waves at 2 CTAs per SM; each row is 4 KB in + 2 KB out at K = 2048.
-#include "cuda/common/cuda_check.hpp"
+#include "core/cuda_check.hpp"
 #include "cuda/quant/fp8_group_quant.cuh"
 #include "cuda/quant/quant_kernels.hpp"
 

@@ -18,7 +18,7 @@
 //   - Element path (K % 8 != 0: rows not 16-byte aligned): per-element loads, the encode pass
 //     re-reads the 32 KB block from L1/L2. Load time only, and no model shape takes it.
 //   A 16384 x 6144 weight is 768 blocks, ~6 per SM: this runs once per layer at load.
-#include "cuda/common/cuda_check.hpp"
+#include "core/cuda_check.hpp"
 #include "cuda/quant/fp8_group_quant.cuh"
 #include "cuda/quant/quant_kernels.hpp"
 

@@ -1,4 +1,5 @@
-// CPU reference GEMMs (the oracle) and the error metric. See include/fp8proj/reference.hpp.
+// The oracle: CPU reference GEMMs and the error metric (include/fp8proj/reference.hpp). The
+// cpu_reference backend (src/gemm/backend_cpu.cpp) runs its plans on these.
 #include <cblas.h>
 
 #include <cmath>

@@ -1,5 +1,6 @@
 // Pieces shared by `fp8proj tune` (cmd_tune.cpp) and its validation mode `fp8proj tune
-// --check` (cmd_gatecheck.cpp): the progress bar, shape labels, the check's arguments.
+// --check` (cmd_gatecheck.cpp), defined in tune_common.cpp: the progress bar, CSV escaping,
+// durations, shape labels.
 #pragma once
 
 #include <chrono>
@@ -40,17 +41,5 @@ std::string format_duration(double seconds);
 // "glm5 q_b_proj TP1" when (n, k) is a known model shape at TP 1, 2, 4 or 8 (names joined by
 // " = " when several share it), else "custom".
 std::string shape_label(int64_t n, int64_t k);
-
-struct CheckArgs {
-  std::string table;          // the tuned table to validate
-  std::string m;              // M list; default: spread over 1..32768, off the tuning points
-  int reps = 0, warmup = -1;  // per variant (gate check: interleaved call by call)
-  int64_t decode_ceiling = 512;
-  double tolerance_pct = 3;  // gated time <= (1 + tol) * min(bf16, FP8)
-  bool cpu = false, no_flush = false, no_fail = false, force = false;
-  std::string csv, json, md;
-};
-// Measures and reports; throws fp8proj::Error when a check fails (unless no_fail).
-void run_gatecheck(const CheckArgs& args);
 
 }  // namespace fp8proj::cli

@@ -1,4 +1,4 @@
-// The cpu_reference backend: plans over the CPU oracle (reference_cpu.cpp). It runs both
+// The cpu_reference backend: plans over the CPU oracle (src/gemm/oracle.cpp). It runs both
 // kinds, so a CPU-only build exercises the whole layer, gate included.
 #include <memory>
 #include <string>
@@ -30,24 +30,23 @@ class CpuBf16Plan final : public Bf16GemmPlan {
 
 class CpuFp8Plan final : public Fp8GemmPlan {
  public:
-  CpuFp8Plan(const Fp8WeightView& w, const GemmPlanOptions& o) : w_(w), max_m_(o.max_m), config_by_m_(o.config_by_m) {}
+  CpuFp8Plan(const Fp8WeightView& w, const GemmPlanOptions& o) : w_(w), max_m_(o.max_m) {
+    // The oracle has one algorithm and no named configurations.
+    for (const auto& [m_hi, config] : o.configs_by_m)
+      FP8PROJ_CHECK(is_heuristic(config), "cpu_reference has no named configurations, got '", config_name(config),
+                    "' for M <= ", m_hi);
+    for (const auto& [m_hi, name] : o.config_by_m)
+      FP8PROJ_CHECK(name.empty(), "cpu_reference has no named configurations, got '", name, "' for M <= ", m_hi);
+  }
   void run(const Fp8ActivationView& x, bf16* y, StreamHandle) override {
     check_gemm_fp8_args(x, w_.k, y, max_m_);
     cpu::gemm_fp8_block(x, w_, y);
   }
-  // The oracle has one algorithm; a tuned configuration passed to it is only reported, so that
-  // CPU tests can see what a table hands the plan for each M.
-  std::string describe(int64_t m) const override {
-    std::string d = "dequantize + fp32 sgemm (OpenBLAS)";
-    for (const auto& [m_hi, name] : config_by_m_)
-      if (m <= m_hi) return name.empty() ? d : d + "; tuned config '" + name + "' asked for, the reference has one";
-    return d;
-  }
+  std::string describe(int64_t) const override { return "dequantize + fp32 sgemm (OpenBLAS)"; }
 
  private:
   Fp8WeightView w_;
   int64_t max_m_;
-  std::vector<std::pair<int64_t, std::string>> config_by_m_;
 };
 
 class CpuReference final : public GemmBackend {

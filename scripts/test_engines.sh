@@ -50,4 +50,5 @@ for engine in "${ENGINES[@]}"; do
        "$ROOT/python/tests/engines/test_${engine}_plugin.py") 2>&1 | tee -a "$log" || status=1
 done
 rm -rf "$wheel_dir"
+python3 "$ROOT/python/tests/engines/summarize.py" "$RESULTS" && echo "== layer lists: $RESULTS/layers.md"
 exit $status

@@ -13,6 +13,7 @@ import os
 _SMALL = dict(
     num_hidden_layers=2,
     first_k_dense_replace=1,
+    moe_layer_freq=1,
     n_routed_experts=4,
     num_experts_per_tok=2,
     n_shared_experts=1,
@@ -26,7 +27,11 @@ _SMALL = dict(
     torch_dtype="bfloat16",
     rms_norm_eps=1e-6,
     rope_theta=10000.0,
-    rope_scaling=None,
+    # DeepSeek-V3's own YaRN scaling; SGLang's CPU rotary embedding requires
+    # one (GLM-5 has none; it changes no linear layer).
+    rope_scaling={"type": "yarn", "rope_type": "yarn", "factor": 40.0,
+                  "original_max_position_embeddings": 4096, "beta_fast": 32,
+                  "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0},
     bos_token_id=0,
     eos_token_id=1,
     num_nextn_predict_layers=0,

@@ -25,6 +25,35 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import models  # noqa: E402
 
 
+
+def _cpu_stand_ins() -> list:
+    """What SGLang's PyPI wheel cannot do without a GPU, in code the plugin
+    does not touch. Its CPU engine (SGLANG_USE_CPU_ENGINE=1) needs the CPU
+    build of sgl-kernel, which is not on PyPI; without it SGLang takes its
+    generic path, whose rotary embedding imports ``vllm._custom_ops.
+    rotary_embedding`` at construction. That one name is provided (it raises
+    if called: no forward through attention is run here)."""
+    import types
+
+    if "vllm" in sys.modules or _has_module("vllm"):
+        return []
+    def rotary_embedding(*args, **kwargs):
+        raise NotImplementedError("stand-in: vllm._custom_ops.rotary_embedding")
+    vllm_pkg = types.ModuleType("vllm")
+    vllm_pkg.__path__ = []
+    ops = types.ModuleType("vllm._custom_ops")
+    ops.rotary_embedding = rotary_embedding
+    vllm_pkg._custom_ops = ops
+    sys.modules["vllm"], sys.modules["vllm._custom_ops"] = vllm_pkg, ops
+    return ["vllm._custom_ops.rotary_embedding (import only)"]
+
+
+def _has_module(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
+
+
 class _Capture(logging.Handler):
     def __init__(self):
         super().__init__(logging.INFO)
@@ -58,6 +87,7 @@ def main():
 
     load_plugins()
     hooks = sorted(HookRegistry._patched)
+    stand_ins = _cpu_stand_ins()
 
     tmp = tempfile.mkdtemp(prefix="fp8proj-sglang-")
     model_dir = models.write_model_dir(args.model, tmp)
@@ -68,7 +98,7 @@ def main():
     from sglang.srt.distributed import parallel_state as ps
     from sglang.srt.layers.linear import LinearBase
     from sglang.srt.model_loader import get_model
-    from sglang.srt.runtime_context import get_context
+    from sglang.srt.runtime_context import SpawnRanks, publish
     from sglang.srt.server_args import ServerArgs
 
     server_args = ServerArgs(
@@ -80,11 +110,24 @@ def main():
         context_length=1024,
         disable_cuda_graph=True,
     )
-    get_context().set_server_args(server_args)
+    # What the scheduler process does after load_plugins(): publish the
+    # server arguments and this process's place (rank 0 of a world of one).
+    # DSA models (GLM-5): SGLang's server-argument resolution reads the GPU's
+    # compute capability; without a GPU it is answered as Hopper's (9, 0)
+    # during publish() only. The plugin's own sm_90 check asks
+    # torch.cuda.is_available() first and still sees no GPU.
+    real_capability = torch.cuda.get_device_capability
+    if not torch.cuda.is_available():
+        torch.cuda.get_device_capability = lambda device=None: (9, 0)
+        stand_ins.append("torch.cuda.get_device_capability -> (9, 0) during publish()")
+    try:
+        publish(server_args, role="scheduler", ranks=SpawnRanks(world_rank=0))
+    finally:
+        torch.cuda.get_device_capability = real_capability
     ps.init_distributed_environment(
         backend="gloo", world_size=1, rank=0, local_rank=0,
         distributed_init_method=f"tcp://127.0.0.1:{_free_port()}")
-    ps.initialize_model_parallel(tensor_model_parallel_size=1)
+    ps.initialize_model_parallel(backend="gloo")
     model_config = ModelConfig.from_server_args(server_args)
     t0 = time.time()
     model = get_model(
@@ -128,6 +171,7 @@ def main():
         "flags": {k: os.environ.get(k) for k in (
             _engines.REFERENCE_FLAG, _engines.FP8PROJ_FLAG, _engines.TARGETS_ENV)},
         "hooks_applied": hooks,
+        "cpu_stand_ins": stand_ins,
         "build_s": round(build_s, 1),
         "linear_layers": layers,
         "parameters": {n: list(p.shape) for n, p in model.named_parameters()},

@@ -86,3 +86,14 @@ def test_one_log_line_per_tagged_layer(model):
 def test_tagged_layer_forward_runs(model="glm5"):
     run = _run(model, "fp8proj")
     assert run["forward_checked"], "no tagged o_proj was run"
+
+
+def test_optional_targets(model="glm5"):
+    run = run_driver("vllm_driver", model, "fp8proj-targets-all",
+                     {"FP8PROJ_ENGINE_TARGETS": "q_b_proj,o_proj,kv_b_proj,fused_qkv_a"},
+                     ("--quantization", "fp8proj"))
+    tagged = {e["name"] for e in run["linear_layers"] if e["method"] == "Fp8ProjLinearMethod"}
+    layers = models.MODELS[model]["num_hidden_layers"]
+    want = {f"model.layers.{i}.self_attn.{p}" for i in range(layers)
+            for p in ("q_b_proj", "o_proj", "kv_b_proj", "fused_qkv_a_proj")}
+    assert tagged == want

@@ -33,6 +33,46 @@ class _Capture(logging.Handler):
         self.lines.append(record.getMessage())
 
 
+def _cpu_stand_ins() -> list:
+    """Two stand-ins for what the PyPI (CUDA) wheel of vLLM cannot do on a
+    CPU, neither of them in code the plugin touches:
+    - the CPU platform has no sparse (DSA) attention backend, so GLM-5's
+      MLAAttention is built with use_sparse=False (vLLM's CPU MLA backend);
+      its DSA indexer and every linear layer are built as vLLM builds them;
+    - vLLM's CPU GEMM packing (dispatch_cpu_unquantized_gemm) calls C ops of
+      vLLM's CPU build, absent from the CUDA wheel; it is answered the way
+      vLLM answers it for layers it does not pack (cpu_linear = F.linear,
+      weight kept); likewise its CPU MoE weight prepacking (weights kept as
+      loaded).
+    Returns the names of the stand-ins installed."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return []
+    import torch
+    from vllm.model_executor.layers import utils as layer_utils
+    from vllm.model_executor.layers.attention import mla_attention
+
+    cls = mla_attention.MLAAttention
+    original_init = cls.__init__
+
+    def init(self, *args, **kwargs):
+        kwargs["use_sparse"] = False
+        return original_init(self, *args, **kwargs)
+
+    cls.__init__ = init
+
+    def dispatch_cpu_unquantized_gemm(layer, remove_weight):
+        layer.cpu_linear = torch.nn.functional.linear
+
+    layer_utils.dispatch_cpu_unquantized_gemm = dispatch_cpu_unquantized_gemm
+    from vllm.model_executor.layers.fused_moe.experts import cpu_moe
+
+    cpu_moe.cpu_prepack_moe_weight = lambda weight, isa: weight
+    return ["MLAAttention(use_sparse=False)", "dispatch_cpu_unquantized_gemm -> F.linear",
+            "cpu_prepack_moe_weight -> identity"]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("model", choices=sorted(models.MODELS))
@@ -74,8 +114,12 @@ def main():
         max_model_len=1024,
         enforce_eager=True,
         trust_remote_code=False,
+        # vLLM's reference CPU MLA backend (the AMX one packs weights with C ops
+        # of vLLM's CPU build, absent from the PyPI wheel).
+        attention_backend="CPU_MLA",
     )
     vllm_config = engine_args.create_engine_config()
+    cpu_stand_ins = _cpu_stand_ins()
     t0 = time.time()
     with set_current_vllm_config(vllm_config):
         init_distributed_environment(
@@ -120,6 +164,7 @@ def main():
         "quant_config": type(vllm_config.quant_config).__name__
         if vllm_config.quant_config is not None else None,
         "build_s": round(build_s, 1),
+        "cpu_stand_ins": cpu_stand_ins,
         "linear_layers": layers,
         "parameters": params,
         "fp8proj_log": cap.lines,

@@ -6,7 +6,7 @@
 # For each engine: a throwaway venv ($FP8PROJ_ENGINE_VENVS/venv-<engine>, default /tmp), the
 # released engine from PyPI (it pulls its own torch, several GB), pytest, and this repository's
 # package, installed from a wheel built once from the repository root (`pip wheel .`: it builds
-# libfp8proj_c.so with CMake; CPU-only where there is no nvcc). Then pytest on the engine's test
+# libfp8proj_c.so with CMake; CPU-only where there is no GPU). Then pytest on the engine's test
 # file, with the driver JSON (the layers each model definition tags and skips) and the log kept
 # under bench/results/engine-plugins/ (or $FP8PROJ_ENGINE_RESULTS).
 # The engines' CPU paths only: their GPU paths need CUDA packages this machine lacks.
@@ -21,8 +21,9 @@ ENGINES=("$@")
 mkdir -p "$RESULTS"
 
 wheel_dir=$(mktemp -d /tmp/fp8proj-wheel.XXXXXX)
+# The tests run the engines on the CPU: a CUDA build of the library only where a GPU is present.
 cmake_args=()
-command -v nvcc >/dev/null 2>&1 || cmake_args=(-C cmake.define.FP8PROJ_CUDA=OFF)
+nvidia-smi -L >/dev/null 2>&1 || cmake_args=(-C cmake.define.FP8PROJ_CUDA=OFF)
 echo "== building the fp8proj wheel from $ROOT"
 python3 -m pip wheel "$ROOT" --no-deps -w "$wheel_dir" "${cmake_args[@]}" -q
 wheel=$(ls "$wheel_dir"/fp8proj-*.whl)
@@ -45,9 +46,9 @@ for engine in "${ENGINES[@]}"; do
     echo "# $("$venv/bin/python" -c "import $engine, torch, fp8proj; print('$engine', $engine.__version__, '| torch', torch.__version__, '| fp8proj', fp8proj.__version__)")"
     echo "# $(date -u +%Y-%m-%dT%H:%M:%SZ) $(uname -m), $(nproc) CPUs, no GPU used"
   } > "$log"
-  (cd "$RESULTS" && FP8PROJ_ENGINE_RESULTS="$RESULTS/json" \
+  (cd "$ROOT" && FP8PROJ_ENGINE_RESULTS="$RESULTS/json" \
      "$venv/bin/python" -m pytest -v -rs -p no:cacheprovider \
-       "$ROOT/python/tests/engines/test_${engine}_plugin.py") 2>&1 | tee -a "$log" || status=1
+       "python/tests/engines/test_${engine}_plugin.py") 2>&1 | tee -a "$log" || status=1
 done
 rm -rf "$wheel_dir"
 python3 "$ROOT/python/tests/engines/summarize.py" "$RESULTS" && echo "== layer lists: $RESULTS/layers.md"

@@ -84,3 +84,36 @@ def test_prepare_layer_off_gpu_keeps_bf16(caplog):
     assert len(lines) == 1, lines
     assert lines[0].startswith(
         "[fp8proj] test model.layers.0.self_attn.o_proj [N=384 K=256]: stays bf16 (")
+
+
+# ---- on an sm_90 GPU: the glue both plugins run at load and in apply() -------------------------
+
+def _needs_sm90():
+    ok, why = e.arch_status()
+    if not ok:
+        pytest.skip(f"needs an sm_90 GPU and fp8proj's CUDA build: {why}")
+
+
+def test_gpu_prepare_layer_makes_the_copy_and_gates(caplog):
+    _needs_sm90()
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(2048, 4096, bias=False, device="cuda", dtype=torch.bfloat16)
+    with caplog.at_level("INFO", logger="fp8proj"):
+        proj = e.prepare_layer(layer, "model.layers.0.self_attn.q_b_proj", "prefill", "test", e.logger)
+    assert proj is not None, [r.getMessage() for r in caplog.records]
+    assert "FP8 copy made" in caplog.records[-1].getMessage()
+    assert proj.extra_memory_bytes() >= 4096 * 2048  # e4m3 values + scales
+    # Policy prefill: decode batches (M <= 512) stay bf16, a large prefill runs FP8.
+    assert not proj.uses_fp8(1) and not proj.uses_fp8(512)
+    assert proj.uses_fp8(8192)
+    x = torch.randn(8192, 2048, device="cuda", dtype=torch.bfloat16)
+    ref = torch.nn.functional.linear(x.float(), layer.weight.float())
+    y = proj.run(x, layer.weight)
+    assert y.shape == (8192, 4096) and y.dtype == torch.bfloat16
+    rel = ((y.float() - ref).norm() / ref.norm()).item()
+    assert rel < 0.06, rel  # the quantization's own error (~3.7% on Gaussian data)
+    # The op under torch.compile (fake implementation, no graph break).
+    compiled = torch.compile(lambda t: proj.run(t, layer.weight), fullgraph=True)
+    yc = compiled(x)
+    assert ((yc.float() - y.float()).norm() / y.float().norm()).item() < 1e-3
+    assert proj.run(x[:0], layer.weight).shape == (0, 4096)  # M = 0 is a no-op

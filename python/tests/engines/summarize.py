@@ -30,7 +30,9 @@ def main(root: str) -> None:
            "(`json/`): the engine's own model definition, built by its own loader, plugin on "
            "with the default targets. N x K of the TP1 shard; FP8 copy = e4m3 values + fp32 "
            "scales of 128x128 blocks (the copy is made on sm_90 only; here, on the CPU, every "
-           "tagged layer logged `stays bf16 (no CUDA device)`).", ""]
+           "tagged layer logged `stays bf16 (no CUDA device)`). Only linear layers are listed: "
+           "MoE experts, embeddings, norms and lm_head are no linear layers of the engine and "
+           "are never tagged.", ""]
     for path in sorted(glob.glob(os.path.join(root, "json", "*.json"))):
         base = os.path.basename(path)[:-5]
         engine, model, tag = base.split("-", 2)

@@ -165,8 +165,9 @@ class EngineProjection:
 
     Holds an ``fp8proj.torch.Fp8ProjLinear`` made over the engine's own bf16
     weight Parameter (shared, not copied), which owns the FP8 copy and the
-    gate. ``run`` calls the gated torch op: its fake implementation lets
-    torch.compile trace it, its M-gate picks FP8 or bf16 per call.
+    gate. ``run`` goes through the gated torch op (or, eager, the module over
+    the same C++ layer): its fake implementation lets torch.compile trace it,
+    its M-gate picks FP8 or bf16 per call.
     """
 
     def __init__(self, name: str, weight: torch.nn.Parameter, policy: str):
@@ -176,7 +177,7 @@ class EngineProjection:
         self.n, self.k = (int(s) for s in weight.shape)
         self.policy = policy
         self.module = Fp8ProjLinear(weight, None, name=name, enabled=True, policy=policy)
-        self.has_fp8 = bool(self.module.uses_fp8(1 << 20) or self.module.extra_memory_bytes())
+        self.has_fp8 = self.module.memory()["fp8_values"] > 0
         self.handle = _op_handle(self.module) if self.has_fp8 else -1
 
     def uses_fp8(self, m: int) -> bool:
@@ -189,10 +190,17 @@ class EngineProjection:
         return int(self.module.extra_memory_bytes())
 
     def run(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """y = x . weight^T through the gate. Traced (torch.compile): the op,
+        whose M-gate decides per call. Eager: the module, which runs the same
+        C++ layer and also re-quantizes a weight changed in place since load
+        (its version counter moved)."""
         x2 = x.reshape(-1, self.k)
         if not x2.is_contiguous():
             x2 = x2.contiguous()
-        y = torch.ops.fp8proj.linear(x2, weight, self.handle)
+        if torch.compiler.is_compiling():
+            y = torch.ops.fp8proj.linear(x2, weight, self.handle)
+        else:
+            y = self.module(x2)
         return y.reshape(*x.shape[:-1], self.n)
 
 

@@ -11,7 +11,8 @@ projections by name:
   of ``FP8PROJ_ENGINE_TARGETS``): ``Fp8ProjLinearMethod``, an
   ``UnquantizedLinearMethod`` (same bf16 weight, same loader) whose
   ``process_weights_after_loading`` makes the private FP8 copy on sm_90 and
-  whose ``apply`` calls the registered op ``torch.ops.fp8proj.linear``. The op
+  whose ``apply`` calls the registered op ``torch.ops.fp8proj.linear`` (with
+  ``--enforce-eager``: the fp8proj module over the same C++ layer). The op
   has a fake implementation, so vLLM's torch.compile traces it without a graph
   break, and its M-gate picks FP8 or bf16 per call inside the op, so one
   compiled graph and every captured CUDA graph serve all M.

@@ -7,9 +7,13 @@ GlmMoeDsaForCausalLM through SGLang's plugin loader and model loader (see
 sglang_driver.py).
 """
 
+import os
+import sys
+
 import pytest
 
-from conftest import entry_point, fake_quantize_weight_shapes, require_engine, run_driver
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import entry_point, fake_quantize_weight_shapes, require_engine, run_driver  # noqa: E402
 
 require_engine("sglang")
 

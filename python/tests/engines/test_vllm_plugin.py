@@ -6,9 +6,13 @@ Every scenario builds the engine's own DeepseekV3ForCausalLM /
 GlmMoeDsaForCausalLM through vLLM's loader (see vllm_driver.py).
 """
 
+import os
+import sys
+
 import pytest
 
-from conftest import entry_point, fake_quantize_weight_shapes, require_engine, run_driver
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import entry_point, fake_quantize_weight_shapes, require_engine, run_driver  # noqa: E402
 
 require_engine("vllm")
 

@@ -1,4 +1,5 @@
 """Shared pieces of the engine plugin tests (opt-in: scripts/test_engines.sh).
+(Not a conftest.py: python/tests/ has its own, and the test files import this by name.)
 
 Each scenario builds a real model definition of the engine in a fresh Python
 process (a driver script), because both engines load plugins once per process

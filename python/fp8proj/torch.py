@@ -173,6 +173,12 @@ class _GatedBase(nn.Module):
         self.refresh()
 
     # -- queries ----------------------------------------------------------------------------------
+    @property
+    def handle(self) -> Optional[int]:
+        """The id torch.ops.fp8proj.linear / rmsnorm_linear take for this module's C++ layer
+        (None while there is none: FP8 off, no Hopper GPU, a CPU weight)."""
+        return self._proj.id if self._proj is not None else None
+
     def uses_fp8(self, m: int) -> bool:
         """True when a call with m rows runs the FP8 path."""
         return self._fp8 and self._proj.path(m) == "fp8"

@@ -203,8 +203,7 @@ std::string Selector::reason_text(const Selection& s) const {
     case SelectReason::disabled: text = "FP8 is off (opt in with FP8PROJ_PREFILL_FP8=1 or ProjectionOptions::fp8)"; break;
     case SelectReason::arch: text = "FP8 unavailable here: " + spec_.arch_reason; break;
     case SelectReason::ineligible:
-      text = "not eligible for FP8: N=" + to_string(spec_.n) + ", K=" + to_string(spec_.k) + " are not multiples of " +
-             to_string(kFp8WeightRowMultiple) + " (N) and " + to_string(kFp8ColumnMultiple) + " (K)";
+      text = "not eligible for FP8: " + fp8_block_shape_reason(spec_.n, spec_.k);
       break;
     case SelectReason::decode_ceiling:
       text = m + " <= decode ceiling " + to_string(spec_.decode_ceiling) + ": decode batches stay bf16" + policy;

@@ -39,7 +39,7 @@ class HostSm90Backend final : public GemmBackend {
   GemmKind kind() const override { return GemmKind::fp8_block; }
   MemorySpace space() const override { return MemorySpace::host; }
   std::string unsupported_reason(int64_t n, int64_t k) const override {
-    return fp8_eligible(n, k) ? "" : "N, K not multiples of 128";
+    return fp8_block_shape_reason(n, k);
   }
 };
 
@@ -140,8 +140,10 @@ TEST(Selection, PathForRepresentativeProblems) {
       // Not opted in: bf16 everywhere, M = 0 still a no-op.
       {"off M=0", spec(n, k, false), 0, Path::none, SelectReason::empty},
       {"off M=4096", spec(n, k, false), 4096, Path::bf16, SelectReason::disabled},
-      // Ineligible shapes (fp8_eligible): N or K not a multiple of 128.
-      {"N=2112 M=4096", spec(2112, 6144, true), 4096, Path::bf16, SelectReason::ineligible},
+      // Ineligible shapes (fp8_eligible): N not a multiple of 16 or K not a multiple of 128;
+      // fused_qkv_a's 2112 rows (a partial last 128-row block) are eligible.
+      {"N=2112 M=4096", spec(2112, 6144, true), 4096, Path::fp8, SelectReason::above_threshold},
+      {"N=2120 M=4096", spec(2120, 6144, true), 4096, Path::bf16, SelectReason::ineligible},
       {"K=200 M=4096", spec(n, 200, true), 4096, Path::bf16, SelectReason::ineligible},
       // Threshold above the ceiling governs; below it, prefill still keeps decode batches bf16 ...
       {"thr2048 M=2048", spec(n, k, true, 2048), 2048, Path::bf16, SelectReason::below_threshold},

@@ -192,7 +192,8 @@ class _AttnTimer:
 
 
 @torch.no_grad()
-def model_bench(names, chunks, reps: int, warmup: int, layers: int) -> list:
+def model_bench(names, chunks, reps: int, warmup: int, layers: int,
+                targets=("q_b_proj", "o_proj")) -> list:
     import transformers
     from fp8proj.integrations.transformers import patch
 
@@ -203,8 +204,8 @@ def model_bench(names, chunks, reps: int, warmup: int, layers: int) -> list:
         with torch.device("cuda"):  # random init on the GPU: seconds instead of minutes for ~1.4B parameters
             model = transformers.DeepseekV3ForCausalLM(cfg).to(dtype=BF16).eval()
         attns = [layer.self_attn for layer in model.model.layers]
-        before = [(a, attr, getattr(a, attr)) for a in attns for attr in ("q_a_layernorm", "q_b_proj", "o_proj")]
-        report = patch(model, enabled=True)  # policy prefill, the tuned table's gate
+        before = [(a, attr, getattr(a, attr)) for a in attns for attr in ("q_a_layernorm",) + tuple(targets)]
+        report = patch(model, enabled=True, targets=tuple(targets))  # policy prefill, the tuned table's gate
         after = [(a, attr, getattr(a, attr)) for a, attr, _ in before]
         print(report, flush=True)
         extra = sum(getattr(m, "extra_memory_bytes", lambda: 0)() for _, _, m in after)
@@ -293,6 +294,8 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default="glm5,deepseek-v3")
     ap.add_argument("--chunks", default="4,16,64", help="prefill batches of 1024 tokens")
     ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--targets", default="q_b_proj,o_proj",
+                    help="the attention's projections to patch, e.g. q_a_proj,q_b_proj,kv_a_proj_with_mqa,kv_b_proj,o_proj")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
     # At most ~200 calls (<= 600 launches) per batch: the launch queue must not fill while the
@@ -314,7 +317,7 @@ def main(argv=None) -> int:
     ov = overhead(a.calls, a.batches) if "overhead" in parts else []
     _write(Path(a.out), ov, [], meta)
     md = model_bench(a.models.split(","), [int(c) for c in a.chunks.split(",")], a.reps, a.warmup,
-                     a.layers) if "model" in parts else []
+                     a.layers, a.targets.split(",")) if "model" in parts else []
     _write(Path(a.out), ov, md, meta)
     print(f"wrote {a.out}/results.md")
     return 0

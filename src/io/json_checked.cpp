@@ -77,7 +77,7 @@ std::string describe_json(const json& v) {
     for (const json& e : v) scalars = scalars && !e.is_structured();
     if (!scalars) return std::string("an array of ") + std::to_string(v.size()) + " elements";
     std::string s = "[";
-    for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + describe_scalar(v[i]);
+    for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + describe_scalar(v[i]);  // as dump() writes it
     return s + "]";
   }
   if (v.is_object()) return "an object of " + std::to_string(v.size()) + " fields";

@@ -189,8 +189,14 @@ TensorRecord parse_entry(const std::string& path, const std::string& name, const
 }  // namespace
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : map_(path) {
+  ParsedSafetensors parsed = parse_safetensors(map_.bytes(), path);
+  shard_ = std::move(parsed.shard);
+  tensors_ = std::move(parsed.tensors);
+}
+
+ParsedSafetensors parse_safetensors(std::span<const std::byte> file, const std::string& path) {
+  ParsedSafetensors out;
   const std::string where = "safetensors file '" + path + "'";
-  const std::span<const std::byte> file = map_.bytes();
   FP8PROJ_CHECK(file.size() >= 8, where, " is ", file.size(),
                 " bytes, shorter than the 8-byte header length: truncated, or not a safetensors file");
   const uint64_t header_len = read_le64(file.data());
@@ -215,29 +221,29 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : map_(path) {
   FP8PROJ_CHECK(header.is_object(), where, ": the header is not a JSON object");
 
   const std::span<const std::byte> data = file.subspan(8 + header_len);
-  shard_.path = path;
-  shard_.file_bytes = file.size();
+  out.shard.path = path;
+  out.shard.file_bytes = file.size();
   for (const auto& [key, value] : header.items()) {
     if (key == "__metadata__") {
       if (value.is_null()) continue;  // the reference reads it as an optional map
       FP8PROJ_CHECK(value.is_object(), where, ": __metadata__ is not a JSON object");
       for (const auto& [mk, mv] : value.items()) {
         FP8PROJ_CHECK(mv.is_string(), where, ": __metadata__ entry '", mk, "' is not a string");
-        shard_.metadata.emplace(mk, mv.get<std::string>());
+        out.shard.metadata.emplace(mk, mv.get<std::string>());
       }
       continue;
     }
-    tensors_.push_back(parse_entry(path, key, value, data));
+    out.tensors.push_back(parse_entry(path, key, value, data));
   }
 
   // Tile check: sorted by offset, each tensor must start where the previous one ended, and
   // the last must end where the file does. Zero-byte tensors sit between neighbours.
-  std::sort(tensors_.begin(), tensors_.end(), [](const TensorRecord& a, const TensorRecord& b) {
+  std::sort(out.tensors.begin(), out.tensors.end(), [](const TensorRecord& a, const TensorRecord& b) {
     return std::pair(a.offset, a.info.bytes) < std::pair(b.offset, b.info.bytes);
   });
   uint64_t covered = 0;
   const TensorRecord* previous = nullptr;
-  for (const TensorRecord& t : tensors_) {
+  for (const TensorRecord& t : out.tensors) {
     const uint64_t begin = t.offset;
     FP8PROJ_CHECK(begin >= covered, where, ": tensors '", previous ? previous->info.name : "", "' and '",
                   t.info.name, "' overlap (the first ends at data byte ", covered, ", the second begins at ",
@@ -251,7 +257,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : map_(path) {
   FP8PROJ_CHECK(covered == data.size(), where, ": the tensors cover ", covered, " of the ", data.size(),
                 " data bytes; the last ", data.size() - covered,
                 " belong to no tensor (trailing bytes, or a header that lost entries)");
-  shard_.tensors = tensors_.size();
+  out.shard.tensors = out.tensors.size();
+  return out;
 }
 
 }  // namespace io

@@ -81,9 +81,14 @@ double number_field(const json& j, const char* key, const std::string& where, do
 }  // namespace
 
 TuneTable load_tune_table(const std::string& path) {
+  // Regular files only (a FIFO or device is refused unopened), read whole with a size bound.
+  return parse_tune_table(io::read_regular_file(path, kMaxTableBytes), path);
+}
+
+TuneTable parse_tune_table(std::string_view text, const std::string& path) {
   const std::string where = "tuned table '" + path + "'";
-  // Regular files only, read whole with a size bound; nesting bounded, no NUL bytes.
-  const json j = io::parse_json(io::read_regular_file(path, kMaxTableBytes), where);
+  // Nesting bounded, no NUL bytes; then every field checked by type and range.
+  const json j = io::parse_json(text, where);
   FP8PROJ_CHECK(string_field(j, "format", where) == kTuneFormat, where, ": format is not ", kTuneFormat);
   TuneTable t;
   t.source = path;

@@ -4,7 +4,7 @@
 //                      compared with the bf16 layer.
 //   fault_probe_capi:  fp8proj_fp8_gemm_create / describe / run / destroy (links only the C ABI).
 // Prints "probe ok: ..." and exits 0; exits 77 (skipped) without an sm_90 GPU, saying why;
-// FP8PROJ_PROBE_EXPECT_UNSUPPORTED=1 inverts that: it needs a GPU that is not sm_90.
+// FAULT_PROBE_EXPECT_UNSUPPORTED=1 inverts that: it needs a GPU that is not sm_90.
 #include <cuda_runtime_api.h>
 
 #include <cmath>
@@ -38,7 +38,7 @@ int gpu_major() {
 
 int main() {
   const int cc = gpu_major();
-  const bool want_unsupported = std::getenv("FP8PROJ_PROBE_EXPECT_UNSUPPORTED") != nullptr;
+  const bool want_unsupported = std::getenv("FAULT_PROBE_EXPECT_UNSUPPORTED") != nullptr;
   if (cc < 0) {
     std::printf("SKIPPED: no CUDA GPU in this process\n");
     return 77;

@@ -50,7 +50,7 @@ def main():
     failures, skipped, ran = [], [], 0
     with tempfile.TemporaryDirectory() as tmp:
         cases = [(name, {"FP8PROJ_TUNE_FILE": path}, why) for name, path, why in scenarios(tmp)]
-        cases.append(("unsupported_gpu", {"FP8PROJ_PROBE_EXPECT_UNSUPPORTED": "1"}, None))
+        cases.append(("unsupported_gpu", {"FAULT_PROBE_EXPECT_UNSUPPORTED": "1"}, None))
         for probe in probes:
             for name, env, why in cases:
                 rc, out, err = run(probe, env)

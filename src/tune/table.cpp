@@ -121,10 +121,10 @@ TuneTable parse_tune_table(std::string_view text, const std::string& path) {
       bk.fp8_config = string_field(b, "fp8_config", sw);
       bk.bf16_us = number_field(b, "bf16_us", sw, -kMaxMicros, kMaxMicros);
       bk.fp8_us = number_field(b, "fp8_us", sw, -kMaxMicros, kMaxMicros);
-      FP8PROJ_CHECK(bk.m_lo == prev_hi + 1 && bk.m_hi >= bk.m_lo, sw, ": buckets must be contiguous from M=1, got [",
-                    bk.m_lo, ", ", bk.m_hi, "] after ", prev_hi);
+      FP8PROJ_CHECK(bk.m_lo == prev_hi + 1 && bk.m_hi >= bk.m_lo, sw, ": buckets must be contiguous from M=1, got m_lo=",
+                    bk.m_lo, ", m_hi=", bk.m_hi, " after m_hi=", prev_hi);
       FP8PROJ_CHECK(bk.bf16_us > 0 && bk.fp8_us > 0, sw, ": bucket [", bk.m_lo, ", ", bk.m_hi,
-                    "] has a non-positive time");
+                    "] has a non-positive time (bf16_us=", bk.bf16_us, ", fp8_us=", bk.fp8_us, ")");
       prev_hi = bk.m_hi;
       shape.buckets.push_back(std::move(bk));
     }

@@ -32,7 +32,8 @@ case "$mode" in
     cmake -S "$src" -B "$dir" -DFP8PROJ_CUDA=OFF -DFP8PROJ_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug \
       -DCMAKE_C_COMPILER="$cc" -DCMAKE_CXX_COMPILER="$cxx" "${launcher[@]}" \
       -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" >/dev/null
-    cmake --build "$dir" -j "$jobs" --target fp8proj_cpu_tests fp8proj_cli fp8proj_format_probe fuzz_safetensors fuzz_tune_table
+    cmake --build "$dir" -j "$jobs" --target fp8proj_cpu_tests fp8proj_cli fp8proj_format_probe \
+      fp8proj_safetensors_probe fuzz_safetensors fuzz_tune_table
     ;;
   tests)
     ctest --test-dir "$dir" --output-on-failure -j "$jobs" -L cpu

@@ -21,7 +21,7 @@ std::vector<std::string> split(const std::string& text, char sep, const std::str
   std::stringstream ss(text);
   std::string item;
   while (std::getline(ss, item, sep)) {
-    if (item.empty()) continue;
+    FP8PROJ_CHECK(!item.empty(), what, " has an empty entry in '", text, "'");
     parts.push_back(item);
     FP8PROJ_CHECK(parts.size() <= size_t(kMaxCliListItems), what, " has more than ", kMaxCliListItems, " entries");
   }

@@ -1,5 +1,7 @@
 // Checkpoint: the three on-disk layouts (one file, a directory of shards, a Hugging Face
 // index), lookups by name, and typed reads into our host layouts.
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
@@ -37,6 +39,12 @@ constexpr float kMaxBlockScale = std::numeric_limits<float>::max() / 448.0f;
 // vector would name nothing.
 template <typename Make>
 auto allocate_for(std::string_view name, const std::string& file, uint64_t bytes, Make make) {
+  // More than the host's physical memory cannot succeed; refusing it up front does not depend
+  // on how the allocator fails (overcommit, or a sanitizer's allocator that aborts).
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  if (pages > 0 && page > 0)
+    FP8PROJ_CHECK(bytes <= uint64_t(pages) * uint64_t(page), "tensor '", name, "' in '", file, "': reading it needs ",
+                  bytes, " bytes of host memory, more than this host has (", uint64_t(pages) * uint64_t(page), ")");
   try {
     return make();
   } catch (const std::bad_alloc&) {

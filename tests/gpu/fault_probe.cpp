@@ -54,13 +54,14 @@ int main() {
   }
   const int64_t n = 256, k = 256, m = 64;
 #ifdef FP8PROJ_PROBE_CAPI
-  void *w = nullptr, *x = nullptr, *y = nullptr;
-  float *ws = nullptr, *xs = nullptr;
+  void *w = nullptr, *x = nullptr, *y = nullptr, *ws_raw = nullptr, *xs_raw = nullptr;
   cudaMalloc(&w, n * k);
   cudaMalloc(&x, m * k);
   cudaMalloc(&y, m * n * 2);
-  cudaMalloc(&ws, (n / 128) * (k / 128) * sizeof(float));
-  cudaMalloc(&xs, m * (k / 128) * sizeof(float));
+  cudaMalloc(&ws_raw, (n / 128) * (k / 128) * sizeof(float));
+  cudaMalloc(&xs_raw, m * (k / 128) * sizeof(float));
+  float* ws = static_cast<float*>(ws_raw);
+  float* xs = static_cast<float*>(xs_raw);
   cudaMemset(w, 0x38, n * k);  // E4M3 1.0
   cudaMemset(x, 0x38, m * k);
   const std::vector<float> ones(m * (k / 128), 1.0f);
@@ -84,6 +85,7 @@ int main() {
   const uint32_t bits = uint32_t(out[0]) << 16;
   std::memcpy(&v, &bits, 4);
   fp8proj_fp8_gemm_destroy(g);
+  for (void* p : {w, x, y, ws_raw, xs_raw}) cudaFree(p);
   if (std::fabs(v - float(k)) > 1.0f) {
     std::printf("probe FAILED: y[0] = %g, expected %lld\n", v, static_cast<long long>(k));
     return 1;

@@ -8,6 +8,7 @@
 #   bash scripts/h200.sh [step ...]      steps: info tests verify bench layer tune check
 #                                               harness correctness design sanitize profile python
 #                                               ntail layer_dense decode_policy layer_residual
+#                                               faults sanitize_all
 #                                               (default: info tests verify bench layer harness
 #                                               sanitize)
 # Each step has its own timeout so that one hang cannot eat the whole budget.
@@ -60,7 +61,12 @@ else
   mkdir -p "$BIN"
   cp build-h200/tools/fp8proj/fp8proj build-h200/tests/fp8proj_cpu_tests build-h200/tests/gpu/fp8proj_gpu_tests "$BIN"/ 2>/dev/null
   [ -x build-h200/tests/gpu/sm90_fp8_gemm_harness ] && cp build-h200/tests/gpu/sm90_fp8_gemm_harness "$BIN"/
+  # The C ABI tests and the fault probes (steps faults, sanitize_all); the .so next to them.
+  cp build-h200/tests/gpu/fp8proj_c_api_tests build-h200/tests/gpu/fp8proj_fault_probe_layer \
+     build-h200/tests/gpu/fp8proj_fault_probe_capi "$BIN"/ 2>/dev/null
+  cp build-h200/src/libfp8proj_c.so* "$BIN"/ 2>/dev/null
 fi
+export LD_LIBRARY_PATH="$PWD/$BIN${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 FP8=$BIN/fp8proj
 
 want info && {
@@ -164,6 +170,24 @@ want sanitize && command -v compute-sanitizer >/dev/null && {
     run racecheck_gemm 150 compute-sanitizer --tool racecheck --error-exitcode 9 "$BIN/sm90_fp8_gemm_harness" \
       --no-timing --mnk 100,640,384 --mnk 1000,2048,1024 --mnk 2304,4096,256
   }
+}
+# faults: the layer and the C ABI under tuned-table faults (tests/gpu/test_faults.py).
+want faults && [ -x "$BIN/fp8proj_fault_probe_layer" ] && \
+  run faults 240 python3 tests/gpu/test_faults.py "$BIN/fp8proj_fault_probe_layer" "$BIN/fp8proj_fault_probe_capi"
+# sanitize_all: the four compute-sanitizer tools over the GPU tests (minus the exhaustive
+# conversions and timing loops), the C ABI tests and the fault probe; one log per tool and
+# program under results/ (compute-sanitizer's own summary line ends each).
+want sanitize_all && command -v compute-sanitizer >/dev/null && {
+  gfilter='-*HardwareCvt*:*Speed*:*Bandwidth*'
+  for tool in memcheck racecheck initcheck synccheck; do
+    extra=(); [ "$tool" = memcheck ] && extra=(--leak-check full)
+    run "cs_${tool}_gpu_tests" 300 compute-sanitizer --tool "$tool" "${extra[@]}" --error-exitcode 9 \
+      "$BIN/fp8proj_gpu_tests" --gtest_filter="$gfilter"
+    [ -x "$BIN/fp8proj_c_api_tests" ] && run "cs_${tool}_c_api" 120 compute-sanitizer --tool "$tool" \
+      --error-exitcode 9 "$BIN/fp8proj_c_api_tests"
+    [ -x "$BIN/fp8proj_fault_probe_capi" ] && FP8PROJ_TUNE_FILE=/nonexistent.json run "cs_${tool}_fault_capi" 60 \
+      compute-sanitizer --tool "$tool" --error-exitcode 9 "$BIN/fp8proj_fault_probe_capi"
+  done
 }
 want profile && command -v ncu >/dev/null && [ -x "$BIN/sm90_fp8_gemm_harness" ] && {
   run ncu_large 120 ncu --clock-control none -k regex:sm90_fp8_gemm --launch-count 2 --section SpeedOfLight \

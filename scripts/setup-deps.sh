@@ -10,8 +10,9 @@ set -euo pipefail
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 
+# clang-14 + libclang-rt-14-dev: the ASan+UBSan build and the libFuzzer targets (tests/sanitize).
 packages=(cmake g++ make git python3 python3-pip libcli11-dev nlohmann-json3-dev libfmt-dev libopenblas-dev
-          libgtest-dev libbenchmark-dev ccache)
+          libgtest-dev libbenchmark-dev ccache clang-14 libclang-rt-14-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

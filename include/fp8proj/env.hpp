@@ -24,6 +24,8 @@ std::optional<std::string> log_level();       // FP8PROJ_LOG_LEVEL
 
 // Raw access for the knobs above (exposed for tests).
 std::optional<std::string> get(const char* name);
-std::optional<int64_t> get_int(const char* name, int64_t min_value);
+// Integers and numbers follow fp8proj/numbers.hpp (strict, full int64 range, then bounds).
+std::optional<int64_t> get_int(const char* name, int64_t min_value, int64_t max_value = INT64_MAX);
+std::optional<double> get_number(const char* name, double min_value, double max_value);
 
 }  // namespace fp8proj::env

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -67,6 +68,8 @@ std::vector<std::pair<int64_t, std::string>> tuned_config_by_m(const TunedShape&
 
 // Parses and validates a table file; throws fp8proj::Error naming the file and the problem.
 TuneTable load_tune_table(const std::string& path);
+// The same for a table's text already in memory (`path` names it in errors).
+TuneTable parse_tune_table(std::string_view text, const std::string& path);
 void save_tune_table(const TuneTable& table, const std::string& path);
 // "" when the table was measured on this kind of GPU, else why not (GPU name, SM count).
 std::string stamp_mismatch(const TuneStamp& stamp, const DeviceInfo& device);

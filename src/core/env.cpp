@@ -5,6 +5,7 @@
 #include <cstdlib>
 
 #include "fp8proj/error.hpp"
+#include "fp8proj/numbers.hpp"
 
 namespace fp8proj::env {
 
@@ -14,18 +15,16 @@ std::optional<std::string> get(const char* name) {
   return std::string(v);
 }
 
-std::optional<int64_t> get_int(const char* name, int64_t min_value) {
+std::optional<int64_t> get_int(const char* name, int64_t min_value, int64_t max_value) {
   auto v = get(name);
   if (!v) return std::nullopt;
-  size_t used = 0;
-  int64_t x = 0;
-  try {
-    x = std::stoll(*v, &used, 10);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  FP8PROJ_CHECK(used == v->size() && x >= min_value, name, "='", *v, "' is not an integer >= ", min_value);
-  return x;
+  return parse_int(*v, name, min_value, max_value);  // fp8proj/numbers.hpp: the one rule
+}
+
+std::optional<double> get_number(const char* name, double min_value, double max_value) {
+  auto v = get(name);
+  if (!v) return std::nullopt;
+  return parse_number(*v, name, min_value, max_value);
 }
 
 std::optional<Fp8Switch> prefill_fp8() {

@@ -1,9 +1,13 @@
 // Checkpoint: the three on-disk layouts (one file, a directory of shards, a Hugging Face
 // index), lookups by name, and typed reads into our host layouts.
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
+#include <limits>
+#include <new>
+#include <stdexcept>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -11,6 +15,9 @@
 #include "fp8proj/checkpoint.hpp"
 #include "fp8proj/error.hpp"
 #include "fp8proj/formats.hpp"
+#include "fp8proj/numbers.hpp"
+#include "io/json_checked.hpp"
+#include "io/mapped_file.hpp"
 #include "io/safetensors.hpp"
 
 namespace fp8proj {
@@ -22,6 +29,30 @@ namespace {
 
 constexpr std::string_view kIndexName = "model.safetensors.index.json";
 constexpr std::string_view kScaleSuffix = "_scale_inv";
+// DeepSeek-V3's index is 9 MB (~90k tensors); ten times that is not an index.
+constexpr size_t kMaxIndexBytes = 100'000'000;
+// The largest block scale whose every dequantized E4M3 value (|code| <= 448) is finite in fp32.
+constexpr float kMaxBlockScale = std::numeric_limits<float>::max() / 448.0f;
+
+// `bytes` bytes for tensor `name`, or an fp8proj::Error saying so: a header may describe a
+// tensor larger than this host's memory (a sparse file is enough), and std::bad_alloc from the
+// vector would name nothing.
+template <typename Make>
+auto allocate_for(std::string_view name, const std::string& file, uint64_t bytes, Make make) {
+  // More than the host's physical memory cannot succeed; refusing it up front does not depend
+  // on how the allocator fails (overcommit, or a sanitizer's allocator that aborts).
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  if (pages > 0 && page > 0)
+    FP8PROJ_CHECK(bytes <= uint64_t(pages) * uint64_t(page), "tensor '", name, "' in '", file, "': reading it needs ",
+                  bytes, " bytes of host memory, more than this host has (", uint64_t(pages) * uint64_t(page), ")");
+  try {
+    return make();
+  } catch (const std::bad_alloc&) {
+    FP8PROJ_FAIL("tensor '", name, "' in '", file, "': cannot allocate ", bytes, " bytes of host memory to read it");
+  } catch (const std::length_error&) {
+    FP8PROJ_FAIL("tensor '", name, "' in '", file, "': ", bytes, " bytes is more than this host can hold");
+  }
+}
 
 // IEEE binary16 -> binary32, exact (every half is a float). Only checkpoint reading needs
 // half precision, so it lives here rather than next to the bf16 and e4m3 formats.
@@ -104,14 +135,7 @@ struct Checkpoint::Impl {
   // The shards' own headers are the authority on what they hold; the index must agree with them.
   void open_index(const fs::path& index) {
     const std::string where = "checkpoint index '" + index.string() + "'";
-    std::ifstream in(index);
-    FP8PROJ_CHECK(in.good(), "cannot open ", where);
-    json j;
-    try {
-      j = json::parse(in);
-    } catch (const json::exception& e) {
-      FP8PROJ_FAIL(where, " is not valid JSON (", e.what(), ")");
-    }
+    const json j = io::parse_json(io::read_regular_file(index.string(), kMaxIndexBytes), where);
     FP8PROJ_CHECK(j.is_object() && j.contains("weight_map") && j.at("weight_map").is_object(), where,
                   " has no \"weight_map\" object");
     const json& weight_map = j.at("weight_map");
@@ -122,9 +146,25 @@ struct Checkpoint::Impl {
       shard_names.insert(shard.get<std::string>());
     }
     const fs::path dir = index.parent_path();
+    std::error_code ec;
+    const fs::path real_dir = fs::weakly_canonical(dir.empty() ? fs::path(".") : dir, ec);
+    FP8PROJ_CHECK(!ec, "cannot resolve the folder of ", where, ": ", ec.message());
     for (const auto& name : shard_names) {
+      // Shards live in the index's folder: a name is a plain relative path, and once
+      // symbolic links are resolved it still lies inside that folder.
+      const fs::path rel(name);
+      bool dotdot = false;
+      for (const auto& part : rel) dotdot = dotdot || part == "..";
+      FP8PROJ_CHECK(!name.empty() && !rel.is_absolute() && !rel.has_root_path() && !dotdot, where,
+                    " names shard ", quote_excerpt(name), ", which is not a file name inside the checkpoint's folder ",
+                    "(absolute paths and '..' are refused)");
       const fs::path file = dir / name;
-      std::error_code ec;
+      const fs::path real = fs::weakly_canonical(file, ec);
+      FP8PROJ_CHECK(!ec, where, ": cannot resolve shard '", name, "': ", ec.message());
+      const auto [d_end, r_it] = std::mismatch(real_dir.begin(), real_dir.end(), real.begin(), real.end());
+      FP8PROJ_CHECK(d_end == real_dir.end() && r_it != real.end(), where, " names shard '", name,
+                    "', which resolves to '", real.string(), "', outside the checkpoint's folder '",
+                    real_dir.string(), "'");
       FP8PROJ_CHECK(fs::exists(file, ec), where, " names shard '", name, "' (for tensors such as '",
                     first_tensor_of(weight_map, name), "'), but '", file.string(), "' does not exist");
       add_file(file.string());
@@ -255,7 +295,9 @@ void Checkpoint::read_bf16(std::string_view name, std::span<bf16> out) const {
 }
 
 std::vector<bf16> Checkpoint::read_bf16(std::string_view name) const {
-  std::vector<bf16> out(static_cast<size_t>(info(name).numel()));
+  const TensorInfo& t = info(name);
+  std::vector<bf16> out = allocate_for(name, t.file, uint64_t(t.numel()) * sizeof(bf16),
+                                       [&] { return std::vector<bf16>(static_cast<size_t>(t.numel())); });
   read_bf16(name, out);
   return out;
 }
@@ -285,13 +327,21 @@ HostFp8Weight Checkpoint::read_fp8_weight(std::string_view name) const {
                 s.info.shape_string(), ", but weight '", name, "' ", t.shape_string(),
                 " needs one scale per 128x128 block: ", io::format_shape(scale_shape));
 
-  HostFp8Weight out = make_host_fp8_weight(n, k);
+  // Checked before anything is allocated: a scale that is not finite turns its 128x128 block
+  // into NaN, 0 into zeros, a negative one flips every sign, and one above FLT_MAX / 448 makes
+  // the block's large codes infinite.
+  const std::byte* scale_bytes = s.data.data();
+  for (int64_t i = 0; i < scale_shape[0] * scale_shape[1]; ++i) {
+    float v;
+    std::memcpy(&v, scale_bytes + 4 * i, 4);
+    FP8PROJ_CHECK(is_finite_float(v) && v > 0.0f && v <= kMaxBlockScale, "'", scale_name, "' in '", s.info.file,
+                  "' holds ", v, " for block (", i / scale_shape[1], ", ", i % scale_shape[1], ") of '", name,
+                  "'; a block scale must be finite, positive and at most ", kMaxBlockScale,
+                  " (so that 448 x scale is finite)");
+  }
+  HostFp8Weight out = allocate_for(name, t.file, w.data.size() + s.data.size(), [&] { return make_host_fp8_weight(n, k); });
   std::memcpy(out.values.data(), w.data.data(), w.data.size());
   std::memcpy(out.scales.data(), s.data.data(), s.data.size());
-  for (size_t i = 0; i < out.scales.size(); ++i)
-    FP8PROJ_CHECK(is_finite_float(out.scales[i]), "'", scale_name, "' in '", s.info.file, "' holds ",
-                  out.scales[i], " for block (", int64_t(i) / scale_shape[1], ", ", int64_t(i) % scale_shape[1],
-                  ") of '", name, "'; a non-finite scale would turn all 128x128 values of that block into NaN");
   return out;
 }
 

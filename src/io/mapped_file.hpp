@@ -8,10 +8,15 @@
 
 namespace fp8proj::io {
 
+// The whole of a small regular file (a table, an index, an id file): refuses directories,
+// FIFOs and devices without blocking on them, and files larger than max_bytes. Throws
+// fp8proj::Error naming the path.
+std::string read_regular_file(const std::string& path, size_t max_bytes);
+
 class MappedFile {
  public:
-  // Throws fp8proj::Error naming the path when it cannot be opened, is not a regular file,
-  // or cannot be mapped. An empty file is valid and maps to an empty span.
+  // Throws fp8proj::Error naming the path when it cannot be opened, is not a regular file
+  // (checked before opening: a FIFO or device is never opened), or cannot be mapped. An empty file is valid and maps to an empty span.
   explicit MappedFile(const std::string& path);
   ~MappedFile();
   MappedFile(MappedFile&& other) noexcept;

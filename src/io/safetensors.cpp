@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fp8proj/error.hpp"
+#include "io/json_checked.hpp"
 
 namespace fp8proj {
 
@@ -158,14 +159,14 @@ TensorRecord parse_entry(const std::string& path, const std::string& name, const
   for (const json& d : shape_json) {
     const std::optional<uint64_t> dim = as_u64(d);
     FP8PROJ_CHECK(dim && *dim <= uint64_t(std::numeric_limits<int64_t>::max()), where, ": shape ",
-                  shape_json.dump(), " is not a list of non-negative integers");
+                  describe_json(shape_json), " is not a list of non-negative integers");
     shape.push_back(static_cast<int64_t>(*dim));
     overflow |= __builtin_mul_overflow(numel, *dim, &numel);
   }
   uint64_t bits = 0;
   overflow |= __builtin_mul_overflow(numel, uint64_t(spec(*dtype).bits), &bits);
   FP8PROJ_CHECK(!overflow && numel <= uint64_t(std::numeric_limits<int64_t>::max()), where, ": shape ",
-                shape_json.dump(), " has more elements than any file can hold");
+                describe_json(shape_json), " has more elements than any file can hold");
   FP8PROJ_CHECK(bits % 8 == 0, where, ": ", numel, " elements of ", dtype_str,
                 " do not fill a whole number of bytes");
   const uint64_t nbytes = bits / 8;
@@ -173,11 +174,11 @@ TensorRecord parse_entry(const std::string& path, const std::string& name, const
   const json& offsets_json = entry.at("data_offsets");
   FP8PROJ_CHECK(offsets_json.is_array() && offsets_json.size() == 2 && as_u64(offsets_json[0]) &&
                     as_u64(offsets_json[1]),
-                where, ": data_offsets ", offsets_json.dump(), " is not a pair of non-negative integers");
+                where, ": data_offsets ", describe_json(offsets_json), " is not a pair of non-negative integers");
   const uint64_t begin = *as_u64(offsets_json[0]), end = *as_u64(offsets_json[1]);
   FP8PROJ_CHECK(begin <= end, where, ": data_offsets [", begin, ", ", end, ") end before they begin");
   FP8PROJ_CHECK(end - begin == nbytes, where, ": data_offsets [", begin, ", ", end, ") hold ", end - begin,
-                " bytes, but ", dtype_str, " ", shape_json.dump(), " needs ", nbytes);
+                " bytes, but ", dtype_str, " ", describe_json(shape_json), " needs ", nbytes);
   FP8PROJ_CHECK(end <= data.size(), where, ": data_offsets [", begin, ", ", end,
                 ") reach past the end of the data (", data.size(),
                 " bytes after the header): the file is truncated or the offsets are wrong");
@@ -188,8 +189,14 @@ TensorRecord parse_entry(const std::string& path, const std::string& name, const
 }  // namespace
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : map_(path) {
+  ParsedSafetensors parsed = parse_safetensors(map_.bytes(), path);
+  shard_ = std::move(parsed.shard);
+  tensors_ = std::move(parsed.tensors);
+}
+
+ParsedSafetensors parse_safetensors(std::span<const std::byte> file, const std::string& path) {
+  ParsedSafetensors out;
   const std::string where = "safetensors file '" + path + "'";
-  const std::span<const std::byte> file = map_.bytes();
   FP8PROJ_CHECK(file.size() >= 8, where, " is ", file.size(),
                 " bytes, shorter than the 8-byte header length: truncated, or not a safetensors file");
   const uint64_t header_len = read_le64(file.data());
@@ -199,45 +206,44 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : map_(path) {
   FP8PROJ_CHECK(header_len <= kMaxHeaderBytes, where, ": the header length ", header_len,
                 " exceeds the format's limit of ", kMaxHeaderBytes, " bytes");
   const std::string_view text(reinterpret_cast<const char*>(file.data() + 8), header_len);
-  // The reference implementation insists on '{' first; it also turns a binary file's
-  // accidental length into a clear message instead of a JSON parser's complaint.
-  FP8PROJ_CHECK(!text.empty() && text.front() == '{', where,
+  // The reference implementation (Rust `safetensors`) takes the header as UTF-8 JSON
+  // (serde_json): JSON whitespace may surround the object. A binary file's accidental length
+  // gets a clear message instead of a JSON parser's complaint.
+  const size_t first = text.find_first_not_of(" \t\n\r");
+  FP8PROJ_CHECK(first != std::string_view::npos && text[first] == '{', where,
                 ": the header does not start with '{': not a safetensors file");
 
-  json header;
-  try {
-    header = json::parse(text.begin(), text.end());
-  } catch (const json::exception& e) {
-    FP8PROJ_FAIL(where, ": the header is not valid JSON (", e.what(), ")");
-  }
+  // Bounded nesting and no NUL byte (nlohmann would stop at one and ignore the rest).
+  const json header = parse_json(text, where + ": the header");
   DuplicateKeyFinder duplicates;
   json::sax_parse(text.begin(), text.end(), &duplicates);
   FP8PROJ_CHECK(duplicates.found().empty(), where, ": ", duplicates.found());
   FP8PROJ_CHECK(header.is_object(), where, ": the header is not a JSON object");
 
   const std::span<const std::byte> data = file.subspan(8 + header_len);
-  shard_.path = path;
-  shard_.file_bytes = file.size();
+  out.shard.path = path;
+  out.shard.file_bytes = file.size();
   for (const auto& [key, value] : header.items()) {
     if (key == "__metadata__") {
+      if (value.is_null()) continue;  // the reference reads it as an optional map
       FP8PROJ_CHECK(value.is_object(), where, ": __metadata__ is not a JSON object");
       for (const auto& [mk, mv] : value.items()) {
         FP8PROJ_CHECK(mv.is_string(), where, ": __metadata__ entry '", mk, "' is not a string");
-        shard_.metadata.emplace(mk, mv.get<std::string>());
+        out.shard.metadata.emplace(mk, mv.get<std::string>());
       }
       continue;
     }
-    tensors_.push_back(parse_entry(path, key, value, data));
+    out.tensors.push_back(parse_entry(path, key, value, data));
   }
 
   // Tile check: sorted by offset, each tensor must start where the previous one ended, and
   // the last must end where the file does. Zero-byte tensors sit between neighbours.
-  std::sort(tensors_.begin(), tensors_.end(), [](const TensorRecord& a, const TensorRecord& b) {
+  std::sort(out.tensors.begin(), out.tensors.end(), [](const TensorRecord& a, const TensorRecord& b) {
     return std::pair(a.offset, a.info.bytes) < std::pair(b.offset, b.info.bytes);
   });
   uint64_t covered = 0;
   const TensorRecord* previous = nullptr;
-  for (const TensorRecord& t : tensors_) {
+  for (const TensorRecord& t : out.tensors) {
     const uint64_t begin = t.offset;
     FP8PROJ_CHECK(begin >= covered, where, ": tensors '", previous ? previous->info.name : "", "' and '",
                   t.info.name, "' overlap (the first ends at data byte ", covered, ", the second begins at ",
@@ -251,7 +257,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : map_(path) {
   FP8PROJ_CHECK(covered == data.size(), where, ": the tensors cover ", covered, " of the ", data.size(),
                 " data bytes; the last ", data.size() - covered,
                 " belong to no tensor (trailing bytes, or a header that lost entries)");
-  shard_.tensors = tensors_.size();
+  out.shard.tensors = out.tensors.size();
+  return out;
 }
 
 }  // namespace io

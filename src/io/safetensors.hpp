@@ -26,6 +26,15 @@ struct TensorRecord {
   std::span<const std::byte> data;  // into the mapping; info.bytes long
 };
 
+// The parse and validation of a whole safetensors file held in memory (what SafetensorsFile
+// does after mapping it; also the fuzzing entry point, tests/fuzz). `path` names it in errors.
+// The records' data spans point into `file`.
+struct ParsedSafetensors {
+  ShardInfo shard;
+  std::vector<TensorRecord> tensors;  // in data order
+};
+ParsedSafetensors parse_safetensors(std::span<const std::byte> file, const std::string& path);
+
 class SafetensorsFile {
  public:
   // Throws fp8proj::Error naming the file (and the tensor, where one is at fault).

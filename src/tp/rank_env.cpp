@@ -1,5 +1,6 @@
 // Where a process sits in a multi-process job (launcher variables), and the hand-over of the
 // NCCL unique id through a file or a variable (include/fp8proj/tp.hpp). Host only.
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -12,6 +13,7 @@
 #include "fp8proj/env.hpp"
 #include "fp8proj/error.hpp"
 #include "fp8proj/tp.hpp"
+#include "io/mapped_file.hpp"
 
 namespace fp8proj {
 
@@ -31,6 +33,12 @@ constexpr LauncherVars kLaunchers[] = {
     {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "Open MPI (OMPI_COMM_WORLD_RANK)"},
     {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "Slurm (SLURM_PROCID)"},
 };
+
+// Larger than any NCCL job; keeps every rank and size an int.
+constexpr int64_t kMaxWorldSize = 1 << 20;
+constexpr double kMaxCommTimeoutS = 7 * 24 * 3600.0;
+// An id file holds 256 hex digits and a newline; anything much larger is not one.
+constexpr size_t kMaxIdFileBytes = 4096;
 
 int hex_digit(char c) {
   if (c >= '0' && c <= '9') return c - '0';
@@ -53,9 +61,11 @@ std::optional<RankEnv> rank_env_from_environment() {
   FP8PROJ_CHECK(env::get("FP8PROJ_RANK") || !env::get("FP8PROJ_WORLD_SIZE"),
                 "FP8PROJ_WORLD_SIZE is set but FP8PROJ_RANK is not: set both (and FP8PROJ_LOCAL_RANK on multi-node jobs)");
   for (const LauncherVars& v : kLaunchers) {
-    const auto rank = env::get_int(v.rank, 0);
+    // Ranks and sizes are ints everywhere after this; refuse what would not fit rather than
+    // truncate it (4294967296 would become rank 0).
+    const auto rank = env::get_int(v.rank, 0, kMaxWorldSize - 1);
     if (!rank) continue;
-    const auto world = env::get_int(v.world, 1);
+    const auto world = env::get_int(v.world, 1, kMaxWorldSize);
     FP8PROJ_CHECK(world.has_value(), v.rank, "=", *rank, " is set but ", v.world, " is not: the world size is unknown");
     FP8PROJ_CHECK(*rank < *world, v.rank, "=", *rank, " must be below ", v.world, "=", *world);
     RankEnv e;
@@ -63,8 +73,8 @@ std::optional<RankEnv> rank_env_from_environment() {
     e.world_size = static_cast<int>(*world);
     // FP8PROJ_LOCAL_RANK overrides the launcher's; without either, one node is assumed and
     // the GPU index is the global rank.
-    auto local = env::get_int("FP8PROJ_LOCAL_RANK", 0);
-    if (!local) local = env::get_int(v.local, 0);
+    auto local = env::get_int("FP8PROJ_LOCAL_RANK", 0, kMaxWorldSize - 1);
+    if (!local) local = env::get_int(v.local, 0, kMaxWorldSize - 1);
     e.local_rank = static_cast<int>(local.value_or(*rank));
     e.source = v.source;
     e.id_file = env::get("FP8PROJ_NCCL_ID_FILE");
@@ -75,17 +85,8 @@ std::optional<RankEnv> rank_env_from_environment() {
 }
 
 double comm_timeout_s() {
-  const auto v = env::get("FP8PROJ_NCCL_TIMEOUT_S");
-  if (!v) return 120.0;
-  size_t used = 0;
-  double t = 0;
-  try {
-    t = std::stod(*v, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  FP8PROJ_CHECK(used == v->size() && t > 0, "FP8PROJ_NCCL_TIMEOUT_S='", *v, "' is not a positive number of seconds");
-  return t;
+  // At least 1 ms, at most a week: a deadline that the clocks can represent.
+  return env::get_number("FP8PROJ_NCCL_TIMEOUT_S", 0.001, kMaxCommTimeoutS).value_or(120.0);
 }
 
 std::string CommId::hex() const {
@@ -127,11 +128,11 @@ void write_comm_id_file(const std::string& path, const CommId& id) {
 CommId read_comm_id_file(const std::string& path, double timeout_s, int rank) {
   const auto start = std::chrono::steady_clock::now();
   for (;;) {
-    std::ifstream in(path);
-    if (in.good()) {
-      std::stringstream ss;
-      ss << in.rdbuf();
-      const std::string text = trim(ss.str());
+    struct stat st {};
+    // Not there yet: wait. There, but a FIFO, a device or a directory: refuse at once (reading
+    // one would block or never end); a regular file is read with a size bound.
+    if (::stat(path.c_str(), &st) == 0) {
+      const std::string text = trim(io::read_regular_file(path, kMaxIdFileBytes));
       if (text.size() == 2 * sizeof(CommId::bytes)) return CommId::from_hex(text);
       FP8PROJ_CHECK(text.empty(), "rank ", rank, ": '", path, "' (FP8PROJ_NCCL_ID_FILE) does not hold an NCCL id (",
                     text.size(), " characters instead of 256 hex digits)");

@@ -45,10 +45,17 @@ struct ShardedProjection::Impl {
     layer.emplace(space, shard, s.n, s.k, std::move(options));
   }
 
-  void reduce(bf16* y, int64_t m, StreamHandle stream) {
-    if (spec.kind != ShardKind::row || spec.size == 1 || m == 0) return;
+  bool needs_reduce(int64_t m) const { return spec.kind == ShardKind::row && spec.size > 1 && m != 0; }
+
+  // Before any work: a forward that cannot finish must not write y first.
+  void check_reduce(int64_t m) const {
+    if (!needs_reduce(m)) return;
     FP8PROJ_CHECK(comm != nullptr, layer->name(), " (", tag, "): a row-parallel forward sums the ranks' partials and ",
                   "needs a communicator; use forward_partial() to get this rank's partial instead");
+  }
+
+  void reduce(bf16* y, int64_t m, StreamHandle stream) {
+    if (!needs_reduce(m)) return;
     comm->all_reduce_sum(y, y, m * spec.full_n, stream);
   }
 };
@@ -80,6 +87,7 @@ ShardedProjection::ShardedProjection(ShardedProjection&&) noexcept = default;
 ShardedProjection& ShardedProjection::operator=(ShardedProjection&&) noexcept = default;
 
 void ShardedProjection::forward(const bf16* x, int64_t m, bf16* y, StreamHandle stream) {
+  impl_->check_reduce(m);
   impl_->layer->forward(x, m, y, stream);
   impl_->reduce(y, m, stream);
 }

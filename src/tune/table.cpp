@@ -11,7 +11,10 @@
 #include "fp8proj/env.hpp"
 #include "fp8proj/error.hpp"
 #include "fp8proj/log.hpp"
+#include "fp8proj/numbers.hpp"
 #include "fp8proj/tune.hpp"
+#include "io/json_checked.hpp"
+#include "io/mapped_file.hpp"
 #include "tune/config_dir.hpp"
 
 namespace fp8proj {
@@ -47,60 +50,78 @@ const TunedShape* TuneTable::find(int64_t n, int64_t k) const {
 
 namespace {
 
-template <typename T>
-T field(const json& j, const char* key, const std::string& where) {
-  FP8PROJ_CHECK(j.is_object() && j.contains(key), where, ": missing field '", key, "'");
-  try {
-    return j.at(key).get<T>();
-  } catch (const json::exception& e) {
-    FP8PROJ_FAIL(where, ": field '", key, "' has the wrong type (", e.what(), ")");
-  }
+// The shipped tables are ~40 KB; a table a thousand times larger is not one.
+constexpr size_t kMaxTableBytes = 64u << 20;
+// Bounds of the values a table may carry. M and the threshold go up to INT64_MAX (the
+// "never FP8" threshold); N and K up to 2^31 (no weight dimension is larger); times are
+// microseconds of one GEMM, at most ~11 days.
+constexpr int64_t kMaxDim = int64_t(1) << 31;
+constexpr double kMaxMicros = 1e12;
+
+const nlohmann::json& member(const json& j, const char* key, const std::string& where) {
+  FP8PROJ_CHECK(j.is_object(), where, " is ", io::describe_json(j), ", not an object");
+  const auto it = j.find(key);
+  FP8PROJ_CHECK(it != j.end(), where, ": missing field '", key, "'");
+  return *it;
+}
+
+int64_t int_field(const json& j, const char* key, const std::string& where, int64_t lo, int64_t hi) {
+  return io::json_int(member(j, key, where), where + ": field '" + key + "'", lo, hi);
+}
+std::string string_field(const json& j, const char* key, const std::string& where) {
+  return io::json_string(member(j, key, where), where + ": field '" + key + "'");
+}
+double number_field(const json& j, const char* key, const std::string& where, double lo, double hi) {
+  return io::json_number(member(j, key, where), where + ": field '" + key + "'", lo, hi);
 }
 
 }  // namespace
 
 TuneTable load_tune_table(const std::string& path) {
-  std::ifstream in(path);
-  FP8PROJ_CHECK(in.good(), "cannot open tuned table '", path, "'");
-  json j;
-  try {
-    j = json::parse(in);
-  } catch (const json::exception& e) {
-    FP8PROJ_FAIL("tuned table '", path, "' is not valid JSON: ", e.what());
-  }
+  // Regular files only (a FIFO or device is refused unopened), read whole with a size bound.
+  return parse_tune_table(io::read_regular_file(path, kMaxTableBytes), path);
+}
+
+TuneTable parse_tune_table(std::string_view text, const std::string& path) {
   const std::string where = "tuned table '" + path + "'";
-  FP8PROJ_CHECK(field<std::string>(j, "format", where) == kTuneFormat, where, ": format is not ", kTuneFormat);
+  // Nesting bounded, no NUL bytes; then every field checked by type and range.
+  const json j = io::parse_json(text, where);
+  FP8PROJ_CHECK(string_field(j, "format", where) == kTuneFormat, where, ": format is not ", kTuneFormat);
   TuneTable t;
   t.source = path;
-  const json& st = j.at("stamp");
-  t.stamp.gpu_name = field<std::string>(st, "gpu_name", where + " stamp");
-  t.stamp.sm_count = field<int>(st, "sm_count", where + " stamp");
-  t.stamp.driver = field<std::string>(st, "driver", where + " stamp");
-  t.stamp.cuda_runtime = field<std::string>(st, "cuda_runtime", where + " stamp");
-  t.stamp.cublaslt = field<std::string>(st, "cublaslt", where + " stamp");
-  t.stamp.fp8proj_version = field<std::string>(st, "fp8proj_version", where + " stamp");
-  for (const json& s : field<json>(j, "shapes", where)) {
+  const std::string sw0 = where + " stamp";
+  const json& st = member(j, "stamp", where);
+  t.stamp.gpu_name = string_field(st, "gpu_name", sw0);
+  t.stamp.sm_count = static_cast<int>(int_field(st, "sm_count", sw0, 0, 1 << 20));
+  t.stamp.driver = string_field(st, "driver", sw0);
+  t.stamp.cuda_runtime = string_field(st, "cuda_runtime", sw0);
+  t.stamp.cublaslt = string_field(st, "cublaslt", sw0);
+  t.stamp.fp8proj_version = string_field(st, "fp8proj_version", sw0);
+  const json& shapes = member(j, "shapes", where);
+  FP8PROJ_CHECK(shapes.is_array(), where, ": field 'shapes' is ", io::describe_json(shapes), ", not an array");
+  for (const json& s : shapes) {
     TunedShape shape;
-    shape.n = field<int64_t>(s, "n", where);
-    shape.k = field<int64_t>(s, "k", where);
+    shape.n = int_field(s, "n", where + " shape", 1, kMaxDim);
+    shape.k = int_field(s, "k", where + " shape", 1, kMaxDim);
     const std::string sw = where + " shape " + std::to_string(shape.n) + "x" + std::to_string(shape.k);
-    FP8PROJ_CHECK(shape.n > 0 && shape.k > 0, sw, ": N and K must be positive");
     FP8PROJ_CHECK(t.find(shape.n, shape.k) == nullptr, sw, ": listed twice");
-    shape.threshold = field<int64_t>(s, "threshold", sw);
-    FP8PROJ_CHECK(shape.threshold >= 0, sw, ": threshold must be >= 0");
+    shape.threshold = int_field(s, "threshold", sw, 0, kInt64Max);
+    const json& buckets = member(s, "buckets", sw);
+    FP8PROJ_CHECK(buckets.is_array(), sw, ": field 'buckets' is ", io::describe_json(buckets), ", not an array");
     int64_t prev_hi = 0;
-    for (const json& b : field<json>(s, "buckets", sw)) {
+    for (const json& b : buckets) {
+      FP8PROJ_CHECK(prev_hi < kInt64Max, sw, ": a bucket after the one ending at M=", prev_hi);
       TunedBucket bk;
-      bk.m_lo = field<int64_t>(b, "m_lo", sw);
-      bk.m_hi = field<int64_t>(b, "m_hi", sw);
-      bk.fp8_backend = field<std::string>(b, "fp8_backend", sw);
-      bk.fp8_config = field<std::string>(b, "fp8_config", sw);
-      bk.bf16_us = field<double>(b, "bf16_us", sw);
-      bk.fp8_us = field<double>(b, "fp8_us", sw);
-      FP8PROJ_CHECK(bk.m_lo == prev_hi + 1 && bk.m_hi >= bk.m_lo, sw, ": buckets must be contiguous from M=1, got [",
-                    bk.m_lo, ", ", bk.m_hi, "] after ", prev_hi);
+      bk.m_lo = int_field(b, "m_lo", sw, 1, kInt64Max);
+      bk.m_hi = int_field(b, "m_hi", sw, 1, kInt64Max);
+      bk.fp8_backend = string_field(b, "fp8_backend", sw);
+      bk.fp8_config = string_field(b, "fp8_config", sw);
+      bk.bf16_us = number_field(b, "bf16_us", sw, -kMaxMicros, kMaxMicros);
+      bk.fp8_us = number_field(b, "fp8_us", sw, -kMaxMicros, kMaxMicros);
+      FP8PROJ_CHECK(bk.m_lo == prev_hi + 1 && bk.m_hi >= bk.m_lo, sw, ": buckets must be contiguous from M=1, got m_lo=",
+                    bk.m_lo, ", m_hi=", bk.m_hi, " after m_hi=", prev_hi);
       FP8PROJ_CHECK(bk.bf16_us > 0 && bk.fp8_us > 0, sw, ": bucket [", bk.m_lo, ", ", bk.m_hi,
-                    "] has a non-positive time");
+                    "] has a non-positive time (bf16_us=", bk.bf16_us, ", fp8_us=", bk.fp8_us, ")");
       try {
         bk.config = parse_gemm_config(bk.fp8_backend, bk.fp8_config);
       } catch (const Error& e) {
@@ -135,6 +156,8 @@ void save_tune_table(const TuneTable& t, const std::string& path) {
   std::ofstream out(path);
   FP8PROJ_CHECK(out.good(), "cannot write tuned table '", path, "'");
   out << j.dump(1) << "\n";
+  out.close();
+  FP8PROJ_CHECK(!out.fail(), "writing tuned table '", path, "' failed (disk full?)");
 }
 
 std::string stamp_mismatch(const TuneStamp& stamp, const DeviceInfo& device) {
@@ -196,7 +219,9 @@ const TuneTable* active_tune_table() {
                                 t.stamp.cublaslt + " (now " + dev.driver_version + ", " + dev.cublaslt_version +
                                 "); using it");
       table = std::move(t);
-    } catch (const Error& e) {
+    } catch (const std::exception& e) {
+      // One rule for every problem with the table (missing, not a regular file, corrupt,
+      // wrong types): one log line, then the defaults.
       log(LogLevel::warn, std::string(e.what()) + "; using defaults");
     }
   });

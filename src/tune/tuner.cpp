@@ -18,6 +18,10 @@ namespace fp8proj::tune {
 std::vector<Bucket> initial_buckets(int64_t max_m, int64_t first_hi) {
   FP8PROJ_CHECK(max_m >= 1, "tune: the largest M must be >= 1, got ", max_m);
   FP8PROJ_CHECK(first_hi >= 1, "tune: the first bucket's upper edge must be >= 1, got ", first_hi);
+  // Bounded, so that the doubling below cannot overflow and the list stays short.
+  constexpr int64_t kMaxM = int64_t(1) << 40;
+  FP8PROJ_CHECK(max_m <= kMaxM && first_hi <= kMaxM, "tune: M up to ", kMaxM, " only, got --max-m ", max_m,
+                " and --first-bucket ", first_hi);
   int64_t p2 = 1;
   while (p2 < first_hi) p2 *= 2;
   std::vector<Bucket> out;
@@ -187,6 +191,9 @@ std::vector<Bucket> buckets_to_split(const std::vector<BucketChoice>& choices, i
 
 std::vector<BucketChoice> search(const std::vector<Bucket>& initial, const MeasureFn& measure, int max_depth,
                                  double margin, const StepFn& step) {
+  // A NaN or sub-1 margin would make every comparison below false: a threshold where FP8 lost.
+  FP8PROJ_CHECK(margin >= 1.0 && margin <= 2.0, "tune: the margin factor must be in [1, 2] (--margin 0-100%), got ",
+                margin);
   std::vector<Bucket> buckets = initial;
   std::vector<int64_t> points;
   for (const auto& b : buckets)

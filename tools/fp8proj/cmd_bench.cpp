@@ -176,7 +176,8 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--policy", args->policy, "Gate policy for the 'gated' column: prefill or all")
       ->check(CLI::IsMember({"prefill", "all"}))
       ->capture_default_str();
-  cmd->add_option("--reps", args->reps, "Timed repetitions (GPU default 30, CPU 3)");
+  cmd->add_option("--reps", args->reps, "Timed repetitions (GPU default 30, CPU 3)")
+      ->check(int_in(1, kMaxCliReps));
   cmd->add_flag("--no-flush", args->no_flush, "Do not flush L2 before timed calls (flatters bf16 at small M)");
   cmd->add_flag("--cpu", args->cpu, "Use the CPU reference even if a GPU is present");
   cmd->add_option("--csv", args->csv, "Write the rows as CSV");

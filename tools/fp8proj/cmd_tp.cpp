@@ -54,14 +54,20 @@ struct TpArgs {
 };
 
 void add_common(CLI::App* cmd, TpArgs& a, bool timing) {
-  cmd->add_option("--tp", a.tp, "Tensor-parallel size (ranks, one GPU each)")->capture_default_str();
+  cmd->add_option("--tp", a.tp, "Tensor-parallel size (ranks, one GPU each)")
+      ->check(int_in(1, kMaxCliTp))
+      ->capture_default_str();
   cmd->add_option("--mode", a.mode, "Process model: threads, procs, env, auto")
       ->check(CLI::IsMember({"threads", "procs", "env", "auto"}))
       ->capture_default_str();
   cmd->add_option("--model", a.models, "Model(s): glm5, deepseek-v3, deepseek-v2-lite")->delimiter(',')->capture_default_str();
   if (timing) {
-    cmd->add_option("--reps", a.reps, "Timed repetitions per measurement")->capture_default_str();
-    cmd->add_option("--warmup", a.warmup, "Warm-up calls per measurement")->capture_default_str();
+    cmd->add_option("--reps", a.reps, "Timed repetitions per measurement")
+        ->check(int_in(1, kMaxCliReps))
+        ->capture_default_str();
+    cmd->add_option("--warmup", a.warmup, "Warm-up calls per measurement")
+        ->check(int_in(0, kMaxCliReps))
+        ->capture_default_str();
     cmd->add_flag("--no-flush", a.no_flush, "Do not flush L2 before timed calls");
     cmd->add_option("--csv", a.csv, "Write the rows (one per rank) as CSV");
     cmd->add_option("--json", a.json, "Write the rows with the GPU/version stamp as JSON");
@@ -577,7 +583,7 @@ struct LayerArgs : TpArgs {
 
 void run_layer(const LayerArgs& a) {
   run_ranks(launch_options(a), [&](RankContext& ctx) {
-    const std::vector<int> seqs = parse_int_list(a.seqs);
+    const std::vector<int> seqs = parse_int_list(a.seqs, "--seqs", 1, 1 << 20);
     const int max_seqs = *std::max_element(seqs.begin(), seqs.end());
     const int64_t max_t = int64_t{max_seqs} * a.seq_len;
     if (ctx.root()) {
@@ -721,8 +727,8 @@ void register_tp(CLI::App& app) {
   add_common(c, *ck, false);
   c->add_option("--m", ck->m, "Token counts for the projection checks")->capture_default_str();
   c->add_option("--what", ck->what, "proj, mla or proj,mla")->capture_default_str();
-  c->add_option("--seqs", ck->seqs, "MLA check: sequences")->capture_default_str();
-  c->add_option("--seq-len", ck->seq_len, "MLA check: tokens per sequence")->capture_default_str();
+  c->add_option("--seqs", ck->seqs, "MLA check: sequences")->check(int_in(1, 1 << 20))->capture_default_str();
+  c->add_option("--seq-len", ck->seq_len, "MLA check: tokens per sequence")->check(int_in(1, 1 << 20))->capture_default_str();
   c->callback([ck] { run_check(*ck); });
 
   auto bn = std::make_shared<BenchArgs>();
@@ -738,7 +744,7 @@ void register_tp(CLI::App& app) {
   auto* l = tp->add_subcommand("layer", "MLA block prefill: TP 1 next to TP R, per-rank and all-reduce time");
   add_common(l, *ly, true);
   l->add_option("--seqs", ly->seqs, "Sequence counts C (C x seq-len tokens per prefill)")->capture_default_str();
-  l->add_option("--seq-len", ly->seq_len, "Tokens per sequence")->capture_default_str();
+  l->add_option("--seq-len", ly->seq_len, "Tokens per sequence")->check(int_in(1, 1 << 20))->capture_default_str();
   l->callback([ly] { run_layer(*ly); });
 
   auto* id = tp->add_subcommand("id", "Print a fresh NCCL id (hex) for FP8PROJ_NCCL_ID");

@@ -528,15 +528,21 @@ void register_tune(CLI::App& app) {
   cmd->add_option("--model", a->models, "Model(s), e.g. glm5,deepseek-v3 (GPU default: both)")->delimiter(',');
   cmd->add_option("--tp", a->tp, "Tensor-parallel sizes (default 1,2,4,8)");
   cmd->add_option("--shape", a->shapes, "Explicit NxK shape(s) instead of models")->delimiter(',');
-  cmd->add_option("--max-m", a->max_m, "Largest M (GPU default 32768, CPU 64)");
-  cmd->add_option("--first-bucket", a->first_bucket, "Upper edge of the first bucket [1, X]")->capture_default_str();
-  cmd->add_option("--reps", a->reps, "Timed repetitions per measurement (GPU default 30, reduced to fit --budget)");
-  cmd->add_option("--warmup", a->warmup, "Warm-up calls per measurement (GPU default 3)");
+  cmd->add_option("--max-m", a->max_m, "Largest M (GPU default 32768, CPU 64)")->check(int_in(1, kMaxCliM));
+  cmd->add_option("--first-bucket", a->first_bucket, "Upper edge of the first bucket [1, X]")
+      ->check(int_in(1, kMaxCliM))
+      ->capture_default_str();
+  cmd->add_option("--reps", a->reps, "Timed repetitions per measurement (GPU default 30, reduced to fit --budget)")
+      ->check(int_in(1, kMaxCliReps));
+  cmd->add_option("--warmup", a->warmup, "Warm-up calls per measurement (GPU default 3)")->check(int_in(0, kMaxCliReps));
   cmd->add_option("--max-split", a->max_split, "How often a bucket may be halved where its verdict is close or its configuration trails")
+      ->check(int_in(0, 16))
       ->capture_default_str();
   cmd->add_option("--margin", a->margin_pct, "FP8 must win by this many percent to set the threshold")
+      ->check(number_in(0, 100))
       ->capture_default_str();
   cmd->add_option("--budget", a->budget_s, "Seconds the measurement should take at most (sets --reps)")
+      ->check(number_in(0, 1e7))
       ->capture_default_str();
   cmd->add_flag("--no-flush", a->no_flush, "Do not flush L2 before timed calls (flatters bf16 at small M)");
   cmd->add_flag("--cpu", a->cpu, "Use the CPU reference even if a GPU is present");
@@ -550,8 +556,10 @@ void register_tune(CLI::App& app) {
                   "Validate TABLE: gated layer vs pure bf16 and pure FP8 at M off the tuning points");
   cmd->add_option("--check-m", a->check.m, "M values for --check (default 3,24,48,...,24000)");
   cmd->add_option("--decode-ceiling", a->check.decode_ceiling, "Decode ceiling of the prefill policy in --check")
+      ->check(int_in(0, kMaxCliM))
       ->capture_default_str();
   cmd->add_option("--tolerance", a->check.tolerance_pct, "--check: gated time within this % of the faster path")
+      ->check(number_in(0, 100))
       ->capture_default_str();
   cmd->add_option("--json", a->check.json, "--check: results as JSON (default: --csv with .json)");
   cmd->add_flag("--no-fail", a->check.no_fail, "--check: report violations but exit 0");

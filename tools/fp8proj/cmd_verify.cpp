@@ -172,11 +172,11 @@ void run_verify(const VerifyArgs& a) {
   if (!a.cases.empty()) {
     cases.clear();
     for (const auto& s : a.cases) {
-      int64_t m, n, k;
-      char x1, x2;
-      std::istringstream in(s);
-      FP8PROJ_CHECK((in >> m >> x1 >> n >> x2 >> k) && x1 == 'x' && x2 == 'x' && m > 0 && n > 0 && k > 0,
-                    "--case '", s, "' must look like MxNxK");
+      const size_t x1 = s.find('x'), x2 = x1 == std::string::npos ? x1 : s.find('x', x1 + 1);
+      FP8PROJ_CHECK(x2 != std::string::npos, "--case '", s, "' must look like MxNxK");
+      const int64_t m = parse_int(s.substr(0, x1), "--case M", 1, 1 << 16);
+      const int64_t n = parse_int(s.substr(x1 + 1, x2 - x1 - 1), "--case N", 1, 1 << 16);
+      const int64_t k = parse_int(s.substr(x2 + 1), "--case K", 1, 1 << 16);
       cases.push_back({m, n, k});
     }
   }

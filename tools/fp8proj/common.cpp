@@ -9,68 +9,75 @@
 #include <fmt/format.h>
 
 #include "fp8proj/error.hpp"
+#include "fp8proj/numbers.hpp"
 #include "fp8proj/random.hpp"
 
 namespace fp8proj::cli {
 
 namespace {
-int64_t parse_int(const std::string& s, const std::string& what) {
-  size_t used = 0;
-  int64_t v = 0;
-  try {
-    v = std::stoll(s, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  FP8PROJ_CHECK(used == s.size() && !s.empty(), "'", s, "' in ", what, " is not an integer");
-  return v;
-}
 
-std::vector<std::string> split(const std::string& text, char sep) {
+std::vector<std::string> split(const std::string& text, char sep, const std::string& what) {
   std::vector<std::string> parts;
   std::stringstream ss(text);
   std::string item;
-  while (std::getline(ss, item, sep))
-    if (!item.empty()) parts.push_back(item);
+  while (std::getline(ss, item, sep)) {
+    FP8PROJ_CHECK(!item.empty(), what, " has an empty entry in '", text, "'");
+    parts.push_back(item);
+    FP8PROJ_CHECK(parts.size() <= size_t(kMaxCliListItems), what, " has more than ", kMaxCliListItems, " entries");
+  }
   return parts;
 }
+
 }  // namespace
 
-std::vector<int64_t> parse_m_list(const std::string& text, int64_t lo) {
+CLI::Validator int_in(int64_t lo, int64_t hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& text) { return int_problem(text, "value", lo, hi); },
+      "INT in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+}
+
+CLI::Validator number_in(double lo, double hi) {
+  return CLI::Validator([lo, hi](std::string& text) { return number_problem(text, "value", lo, hi); },
+                        fmt::format("NUMBER in [{}, {}]", lo, hi));
+}
+
+std::vector<int64_t> parse_m_list(const std::string& text, int64_t lo, const std::string& what) {
   std::vector<int64_t> out;
-  for (const std::string& part : split(text, ',')) {
+  for (const std::string& part : split(text, ',', what)) {
     if (const size_t dash = part.find('-'); dash != std::string::npos && dash > 0) {
-      const int64_t a = parse_int(part.substr(0, dash), "--m"), b = parse_int(part.substr(dash + 1), "--m");
-      FP8PROJ_CHECK(a >= lo && b >= a, "range '", part, "' in --m must satisfy ", lo, " <= a <= b");
+      const int64_t a = parse_int(part.substr(0, dash), what + " range start", lo, kMaxCliM);
+      const int64_t b = parse_int(part.substr(dash + 1), what + " range end", lo, kMaxCliM);
+      FP8PROJ_CHECK(b >= a, "range '", part, "' in ", what, " must satisfy ", lo, " <= a <= b");
+      // At most 32 doublings below kMaxCliM = 2^31: no overflow, a bounded list.
       for (int64_t v = a; v <= b; v *= 2) out.push_back(v);
     } else {
-      const int64_t v = parse_int(part, "--m");
-      FP8PROJ_CHECK(v >= lo, "M=", v, " in --m must be >= ", lo);
-      out.push_back(v);
+      out.push_back(parse_int(part, what, lo, kMaxCliM));
     }
   }
-  FP8PROJ_CHECK(!out.empty(), "--m is empty");
+  FP8PROJ_CHECK(!out.empty(), what, " is empty");
   std::sort(out.begin(), out.end());
   out.erase(std::unique(out.begin(), out.end()), out.end());
   return out;
 }
 
-std::vector<int> parse_int_list(const std::string& text) {
+std::vector<int> parse_int_list(const std::string& text, const std::string& what, int64_t lo, int64_t hi) {
   std::vector<int> out;
-  for (const std::string& part : split(text, ',')) out.push_back(static_cast<int>(parse_int(part, "list")));
-  FP8PROJ_CHECK(!out.empty(), "empty list");
+  for (const std::string& part : split(text, ',', what))
+    out.push_back(static_cast<int>(parse_int(part, what, std::max<int64_t>(lo, INT32_MIN), std::min<int64_t>(hi, INT32_MAX))));
+  FP8PROJ_CHECK(!out.empty(), what, " is empty");
   return out;
 }
 
 ProjectionShape parse_shape(const std::string& text) {
   const size_t x = text.find('x');
-  FP8PROJ_CHECK(x != std::string::npos, "shape '", text, "' must look like NxK, e.g. 16384x2048");
+  FP8PROJ_CHECK(x != std::string::npos, "shape ", quote_excerpt(text), " must look like NxK, e.g. 16384x2048");
   ProjectionShape s;
   s.model = "custom";
   s.gemm = "gemm";
-  s.n = parse_int(text.substr(0, x), "--shape");
-  s.k = parse_int(text.substr(x + 1), "--shape");
-  FP8PROJ_CHECK(s.n > 0 && s.k > 0, "shape '", text, "' must be positive");
+  s.n = parse_int(text.substr(0, x), "--shape N", 1, kMaxCliDim);
+  s.k = parse_int(text.substr(x + 1), "--shape K", 1, kMaxCliDim);
+  FP8PROJ_CHECK(s.n * s.k <= kMaxCliElements, "shape ", text, " has ", s.n * s.k, " weight elements, more than the ",
+                kMaxCliElements, " (128 GiB of bf16) the CLI accepts");
   return s;
 }
 
@@ -136,6 +143,8 @@ void write_text(const std::string& path, const std::string& text) {
   std::ofstream out(path);
   FP8PROJ_CHECK(out.good(), "cannot write '", path, "'");
   out << text;
+  out.close();  // flushes: a full disk (or /dev/full) shows here, not at exit
+  FP8PROJ_CHECK(!out.fail(), "writing '", path, "' failed (", text.size(), " bytes; disk full?)");
 }
 
 }  // namespace fp8proj::cli

@@ -7,20 +7,37 @@
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include "fp8proj/device.hpp"
 #include "fp8proj/memory.hpp"
 #include "fp8proj/models.hpp"
+#include "fp8proj/numbers.hpp"
 #include "fp8proj/timing.hpp"
 
 namespace fp8proj::cli {
 
-// "1,16,64" or "1-32768" (powers of two in the range) -> sorted unique values >= lo.
-std::vector<int64_t> parse_m_list(const std::string& text, int64_t lo = 1);
-// "16384x2048" -> ProjectionShape{model "custom"}.
+// Bounds of the CLI's numbers (README, "Command-line limits"). Every number is parsed by
+// fp8proj/numbers.hpp's one rule; out of bounds is an error naming the option.
+inline constexpr int64_t kMaxCliM = int64_t(1) << 31;        // token counts (--m, --max-m, ...)
+inline constexpr int64_t kMaxCliDim = int64_t(1) << 31;      // N, K of --shape / --case
+inline constexpr int64_t kMaxCliElements = int64_t(1) << 36; // N x K of --shape (128 GiB of bf16)
+inline constexpr int64_t kMaxCliTp = 1024;                   // --tp
+inline constexpr int64_t kMaxCliReps = 1'000'000;            // --reps, --warmup
+inline constexpr int64_t kMaxCliListItems = 4096;            // entries of a list option
+
+// CLI11 validators with the one number rule: an integer in [lo, hi] / a finite number in [lo, hi].
+CLI::Validator int_in(int64_t lo, int64_t hi);
+CLI::Validator number_in(double lo, double hi);
+
+// "1,16,64" or "1-32768" (powers of two in the range) -> sorted unique values in [lo, kMaxCliM].
+std::vector<int64_t> parse_m_list(const std::string& text, int64_t lo = 1, const std::string& what = "--m");
+// "16384x2048" -> ProjectionShape{model "custom"}; N, K <= kMaxCliDim, N x K <= kMaxCliElements.
 ProjectionShape parse_shape(const std::string& text);
-std::vector<int> parse_int_list(const std::string& text);
+// "1,4,8" -> ints in [lo, hi] (default: tensor-parallel sizes).
+std::vector<int> parse_int_list(const std::string& text, const std::string& what = "--tp", int64_t lo = 1,
+                                int64_t hi = kMaxCliTp);
 
 // Where the work runs: the GPU when present (and not --cpu), else the CPU reference.
 MemorySpace choose_space(bool force_cpu);

@@ -25,5 +25,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", e.what());
     return 1;
   }
+  // Output that could not be written (stdout on a full disk, /dev/full, a closed pipe) is a
+  // failure, not a silent success.
+  if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+    std::fprintf(stderr, "fp8proj: writing the output failed\n");
+    return 1;
+  }
   return 0;
 }

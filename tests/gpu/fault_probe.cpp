@@ -1,0 +1,131 @@
+// One fault scenario of tests/gpu/test_faults.py in a fresh process (the tuned table is read
+// once per process): builds what a caller builds on a GPU and checks that it works.
+//   fault_probe_layer: an FP8 ProjectionLayer (policy all) on the device, one forward at M=64,
+//                      compared with the bf16 layer.
+//   fault_probe_capi:  fp8proj_fp8_gemm_create / describe / run / destroy (links only the C ABI).
+// Prints "probe ok: ..." and exits 0; exits 77 (skipped) without an sm_90 GPU, saying why;
+// FAULT_PROBE_EXPECT_UNSUPPORTED=1 inverts that: it needs a GPU that is not sm_90.
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#ifdef FP8PROJ_PROBE_CAPI
+#include "fp8proj/c_api.h"
+#else
+#include "fp8proj/device.hpp"
+#include "fp8proj/memory.hpp"
+#include "fp8proj/projection.hpp"
+#include "fp8proj/random.hpp"
+#endif
+
+namespace {
+
+int gpu_major() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) return -1;
+  cudaDeviceProp p{};
+  if (cudaGetDeviceProperties(&p, 0) != cudaSuccess) return -1;
+  return p.major * 10 + p.minor;
+}
+
+}  // namespace
+
+int main() {
+  const int cc = gpu_major();
+  const bool want_unsupported = std::getenv("FAULT_PROBE_EXPECT_UNSUPPORTED") != nullptr;
+  if (cc < 0) {
+    std::printf("SKIPPED: no CUDA GPU in this process\n");
+    return 77;
+  }
+  if (want_unsupported && cc == 90) {
+    std::printf("SKIPPED: the unsupported-GPU case needs a GPU other than sm_90 (this is sm_90; nothing forces "
+                "another architecture)\n");
+    return 77;
+  }
+  if (!want_unsupported && cc != 90) {
+    std::printf("SKIPPED: the FP8 kernels need an sm_90 GPU (this is sm_%d)\n", cc);
+    return 77;
+  }
+  const int64_t n = 256, k = 256, m = 64;
+#ifdef FP8PROJ_PROBE_CAPI
+  void *w = nullptr, *x = nullptr, *y = nullptr, *ws_raw = nullptr, *xs_raw = nullptr;
+  cudaMalloc(&w, n * k);
+  cudaMalloc(&x, m * k);
+  cudaMalloc(&y, m * n * 2);
+  cudaMalloc(&ws_raw, (n / 128) * (k / 128) * sizeof(float));
+  cudaMalloc(&xs_raw, m * (k / 128) * sizeof(float));
+  float* ws = static_cast<float*>(ws_raw);
+  float* xs = static_cast<float*>(xs_raw);
+  cudaMemset(w, 0x38, n * k);  // E4M3 1.0
+  cudaMemset(x, 0x38, m * k);
+  const std::vector<float> ones(m * (k / 128), 1.0f);
+  cudaMemcpy(ws, ones.data(), (n / 128) * (k / 128) * sizeof(float), cudaMemcpyHostToDevice);
+  cudaMemcpy(xs, ones.data(), m * (k / 128) * sizeof(float), cudaMemcpyHostToDevice);
+  fp8proj_fp8_gemm* g = nullptr;
+  if (fp8proj_fp8_gemm_create(w, ws, n, k, m, nullptr, &g) != 0) {
+    std::printf("probe FAILED: create: %s\n", fp8proj_last_error());
+    return 1;
+  }
+  char desc[256];
+  fp8proj_fp8_gemm_describe(g, m, desc, sizeof desc);
+  // x_scales: [k/128][x_scale_ld] with x_scale_ld = m (c_api.h); all ones.
+  if (fp8proj_fp8_gemm_run(g, x, xs, m, m, y, nullptr) != 0) {
+    std::printf("probe FAILED: run: %s\n", fp8proj_last_error());
+    return 1;
+  }
+  std::vector<uint16_t> out(m * n);
+  cudaMemcpy(out.data(), y, out.size() * 2, cudaMemcpyDeviceToHost);
+  float v;
+  const uint32_t bits = uint32_t(out[0]) << 16;
+  std::memcpy(&v, &bits, 4);
+  fp8proj_fp8_gemm_destroy(g);
+  for (void* p : {w, x, y, ws_raw, xs_raw}) cudaFree(p);
+  if (std::fabs(v - float(k)) > 1.0f) {
+    std::printf("probe FAILED: y[0] = %g, expected %lld\n", v, static_cast<long long>(k));
+    return 1;
+  }
+  std::printf("probe ok: C ABI %s, y[0] = %g\n", desc, v);
+#else
+  using namespace fp8proj;
+  Buffer w(MemorySpace::device, n * k * 2), x(MemorySpace::device, m * k * 2), y8(MemorySpace::device, m * n * 2),
+      y16(MemorySpace::device, m * n * 2);
+  fill_normal(MemorySpace::device, w.data<bf16>(), n * k, 1, 0.02f);
+  fill_normal(MemorySpace::device, x.data<bf16>(), m * k, 2, 1.0f);
+  ProjectionOptions o8;
+  o8.name = "fault.fp8";
+  o8.fp8 = true;
+  o8.policy = Fp8Policy::all;
+  o8.apply_env = false;
+  ProjectionOptions o16 = o8;
+  o16.name = "fault.bf16";
+  o16.fp8 = false;
+  ProjectionLayer l8(MemorySpace::device, w.data<bf16>(), n, k, o8), l16(MemorySpace::device, w.data<bf16>(), n, k, o16);
+  l8.forward(x.data<bf16>(), m, y8.data<bf16>());
+  l16.forward(x.data<bf16>(), m, y16.data<bf16>());
+  std::vector<uint16_t> a(m * n), b(m * n);
+  cudaMemcpy(a.data(), y8.data(), a.size() * 2, cudaMemcpyDeviceToHost);
+  cudaMemcpy(b.data(), y16.data(), b.size() * 2, cudaMemcpyDeviceToHost);
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    float fa, fb;
+    const uint32_t ba = uint32_t(a[i]) << 16, bb = uint32_t(b[i]) << 16;
+    std::memcpy(&fa, &ba, 4);
+    std::memcpy(&fb, &bb, 4);
+    num += (double(fa) - fb) * (double(fa) - fb);
+    den += double(fb) * fb;
+  }
+  const double rel = std::sqrt(num / den);
+  if (!(rel < 0.05)) {
+    std::printf("probe FAILED: FP8 vs bf16 relative difference %g\n", rel);
+    return 1;
+  }
+  std::printf("probe ok: layer %s; FP8 vs bf16 rel diff %.3g\n", l8.explain(m).to_string().c_str(), rel);
+#endif
+  return 0;
+}

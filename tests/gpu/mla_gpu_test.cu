@@ -546,7 +546,10 @@ TEST_P(MlaBlockGpu, DecodeGraphFollowsPolicy) {
       const double e = rel_error(y, off);
       std::printf("%s decode graph, policy all vs bf16 step: relative error %.2e\n", c.model.c_str(), e);
       EXPECT_GT(e, 0.0) << "policy all ran no FP8 GEMM in the decode graph";
-      EXPECT_LT(e, 6e-2);
+      // Three chained FP8 GEMMs (fused_qkv_a, q_b_proj, o_proj), each with the quantization's
+      // own ~3.7% against bf16 on Gaussian data (docs/design.md): at most their sum. Measured on
+      // an H200: 7.1e-2 (glm-like), 8.0e-2 (dsv3-like).
+      EXPECT_LT(e, 3 * 4e-2);
     }
   }
 }
@@ -569,7 +572,9 @@ TEST_P(MlaBlockGpu, ResidualEntryMatchesNormThenBlock) {
     o.fp8_fused_qkv_a = fp8;
     o.residual_input = true;
     MlaBlock fused(MemorySpace::device, c, t.view(), o);
-    MlaBlock plain(MemorySpace::device, c, t.view(), options(fp8));
+    MlaOptions po = options(fp8);
+    po.fp8_fused_qkv_a = fp8;  // the same GEMMs on FP8: only the norm's fusion differs
+    MlaBlock plain(MemorySpace::device, c, t.view(), po);
     Buffer y_f = poisoned(static_cast<size_t>(T * c.hidden) * 2), y_p = poisoned(static_cast<size_t>(T * c.hidden) * 2);
     const MlaPrefillBatch pb{b.num_seqs(), d_off.data<int32_t>(), d_start.data<int32_t>(), b.offsets.data()};
     fused.prefill_residual(d_res.data<bf16>(), d_g.data<bf16>(), 1e-6f, pb, y_f.data<bf16>());
@@ -580,7 +585,7 @@ TEST_P(MlaBlockGpu, ResidualEntryMatchesNormThenBlock) {
     EXPECT_EQ(non_finite(a), 0);
     if (!fp8)
       EXPECT_EQ(0, std::memcmp(a.data(), r.data(), a.size() * 2)) << "bf16 path: must equal norm-then-prefill";
-    else
+    else  // the fused pass skips the bf16 rounding of the normed input: e4m3 ties flip, no more
       EXPECT_LT(rel_error(a, r), 6e-2);
   }
 }

@@ -271,6 +271,12 @@ void run_layer(const LayerArgs& a) {
               d.why_bf16 += fmt::format("      {} at M={} stays bf16: {}\n", to_string(p), c, l.explain(c).reason);
           }
         // The caches hold every sequence's L tokens (the prefills above); the step decodes token L.
+        // Both steps read the flag-off prefill's cache, so that the comparison is of the decode
+        // step alone: with fused_qkv_a on FP8 the flag-on prefill writes other latents, and
+        // policy prefill promises a bf16 decode step, not a bf16 prefill.
+        ops.synchronize(nullptr);
+        copy_bytes(on.cache(), space, off.cache(), space,
+                   static_cast<size_t>(base.cache_capacity) * static_cast<size_t>(cfg.cache_width()) * sizeof(bf16));
         const MlaDecodeBatch db{c, d_pos.data<int32_t>(), d_start.data<int32_t>(), L + 1};
         // Separate outputs: the flag-on step is compared with the flag-off one (the error FP8
         // costs under `all`; bit identity under `prefill`, which must leave decode bf16).

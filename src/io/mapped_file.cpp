@@ -1,5 +1,6 @@
 #include "io/mapped_file.hpp"
 
+#include <cstdint>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>

@@ -4,7 +4,7 @@
 // qk_nope_head_dim, qk_rope_head_dim, v_head_dim, num_hidden_layers) and loads every layer's
 // attention tensors through the checkpoint loader (load_mla_layer: shapes checked against the
 // config; bf16/f16/f32, or FP8 with weight_scale_inv, sharded or not). Per projection:
-//   - eligible: N and K multiples of 128 (the FP8 GEMMs' 128x128 weight blocks);
+//   - eligible: fp8_eligible (gemm.hpp: K a multiple of 128, N of 16; a partial last 128-row block);
 //   - tagged: on the gated FP8 path in fp8proj's MLA block (q_b_proj or q_proj, and o_proj);
 //   - FP8 copy: the bytes the private e4m3 copy and its scales add next to the bf16 weight;
 //   - weight error: ||dequant(quant(W)) - W|| / ||W|| (W as the block uses it, bf16);
@@ -289,8 +289,8 @@ void run_verify_checkpoint(const VerifyCheckpointArgs& a) {
       const HostBf16Weight w = to_bf16(*p.weight);
       Result r{layer, name, std::string(dtype_name(ck.info(mla_tensor_name(layer, p.tensor)).dtype)), "", w.n, w.k,
                false, p.tagged, static_cast<size_t>(w.n * w.k) * sizeof(bf16), 0, std::nullopt, std::nullopt, 0, {}};
-      r.eligible = w.n % 128 == 0 && w.k % 128 == 0;
-      if (!r.eligible) r.why_ineligible = w.n % 128 ? fmt::format("N={} % 128 != 0", w.n) : fmt::format("K={} % 128 != 0", w.k);
+      r.eligible = fp8_eligible(w.n, w.k);
+      if (!r.eligible) r.why_ineligible = fp8_block_shape_reason(w.n, w.k);
       r.fp8_bytes = fp8_copy_bytes(w.n, w.k);
       if (w.k % 128 == 0) {  // the 1x128 activation groups need K % 128 == 0; any N quantizes
         HostFp8Weight q = make_host_fp8_weight(w.n, w.k);

@@ -157,11 +157,12 @@ struct MlaOptions {
   // Size fused_qkv_a for prefill_residual() / decode_residual() (its bf16 path needs rows of
   // max_tokens x hidden for the norm; the FP8 path none). q LoRA configurations only.
   bool residual_input = false;
-  // On o_proj's FP8 path (prefill) the attention kernel writes its input as e4m3 + 1x128 scales
-  // (needs v_head % 128 == 0: GLM-5 256, DeepSeek-V3 128): the bf16 attention output never goes
-  // to memory and the separate quantize_activation pass is gone. The same bits as the separate
-  // pass (quantize_activation of that bf16 output); false runs the separate pass, for A/Bs.
-  bool fuse_attention_quant = true;
+  // On o_proj's FP8 path (prefill) the attention kernel can write its input as e4m3 + 1x128
+  // scales (needs v_head % 128 == 0: GLM-5 256, DeepSeek-V3 128), the same bits as the separate
+  // quantize_activation pass. Off by default: on an H200 (GLM-5, TP 1, 64 x 1024 tokens) the
+  // epilogue added 1.50 ms to the attention stage while the separate pass takes 0.75 ms
+  // (bench/results/mla-layer/, docs/kernels.md); `fp8proj layer --fuse-attention-quant` A/Bs it.
+  bool fuse_attention_quant = false;
   std::string bf16_backend = "auto";  // every projection's bf16 path
   int64_t max_tokens = 8192;          // largest prefill call (tokens of all its sequences)
   int max_batch = 256;                // largest decode call (sequences)

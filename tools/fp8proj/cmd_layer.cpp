@@ -45,6 +45,7 @@ struct LayerArgs {
   int reps = 0;
   bool no_flush = false;
   bool no_decode = false;
+  bool fuse_attention_quant = false;
   bool cpu = false;
   std::string csv, json, md;
 };
@@ -138,6 +139,7 @@ void run_layer(const LayerArgs& a) {
     base.max_batch = c_max;
     base.cache_capacity = int64_t{c_max} * stride;
     base.tagged.apply_env = false;  // the two blocks are exactly "off" and "on"
+    base.fuse_attention_quant = a.fuse_attention_quant;
     base.tagged.use_tune_table = true;
     MlaOptions on_opt = base, off_opt = base;
     on_opt.tagged.fp8 = true;
@@ -436,6 +438,9 @@ void register_layer(CLI::App& app) {
       ->check(int_in(1, kMaxCliReps));
   cmd->add_flag("--no-flush", args->no_flush, "Do not flush L2 before timed calls");
   cmd->add_flag("--no-decode", args->no_decode, "Skip the decode step");
+  cmd->add_flag("--fuse-attention-quant", args->fuse_attention_quant,
+                "The flag-on block's prefill attention writes o_proj's FP8 input in its epilogue "
+                "(MlaOptions::fuse_attention_quant) instead of the separate 1x128 pass");
   cmd->add_flag("--cpu", args->cpu, "Use the CPU reference even if a GPU is present");
   cmd->add_option("--csv", args->csv, "Write the rows as CSV");
   cmd->add_option("--json", args->json, "Write the rows (with per-stage times) as JSON with the GPU/version stamp");

@@ -98,6 +98,7 @@ def test_gpu_prepare_layer_makes_the_copy_and_gates(caplog):
     _needs_sm90()
     torch.manual_seed(0)
     layer = torch.nn.Linear(2048, 4096, bias=False, device="cuda", dtype=torch.bfloat16)
+    layer.weight.requires_grad_(False)  # as the engines load weights: inference only
     with caplog.at_level("INFO", logger="fp8proj"):
         proj = e.prepare_layer(layer, "model.layers.0.self_attn.q_b_proj", "prefill", "test", e.logger)
     assert proj is not None, [r.getMessage() for r in caplog.records]
@@ -111,7 +112,7 @@ def test_gpu_prepare_layer_makes_the_copy_and_gates(caplog):
     y = proj.run(x, layer.weight)
     assert y.shape == (8192, 4096) and y.dtype == torch.bfloat16
     rel = ((y.float() - ref).norm() / ref.norm()).item()
-    assert rel < 0.06, rel  # the quantization's own error (~3.7% on Gaussian data)
+    assert 1e-2 < rel < 0.06, rel  # FP8 ran: the quantization's own error (~3.7% on Gaussian data)
     # The op under torch.compile (fake implementation, no graph break).
     compiled = torch.compile(lambda t: proj.run(t, layer.weight), fullgraph=True)
     yc = compiled(x)

@@ -31,20 +31,6 @@ struct VerifyArgs {
   uint64_t seed = 7;
 };
 
-template <typename T>
-Buffer to_space(MemorySpace space, const T* data, size_t count) {
-  Buffer b(space, count * sizeof(T));
-  copy_bytes(b.data(), space, data, MemorySpace::host, count * sizeof(T));
-  return b;
-}
-
-template <typename T>
-std::vector<T> to_host(const Buffer& b, size_t count) {
-  std::vector<T> out(count);
-  copy_bytes(out.data(), MemorySpace::host, b.data(), b.space(), count * sizeof(T));
-  return out;
-}
-
 struct Row {
   std::string backend, what;
   Case c;

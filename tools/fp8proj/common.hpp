@@ -66,4 +66,19 @@ std::vector<double> time_interleaved(MemorySpace space, const std::vector<std::f
 nlohmann::json result_stamp();
 void write_text(const std::string& path, const std::string& text);
 
+// Host data into a buffer of `space`, and back (the verify commands' operands).
+template <typename T>
+Buffer to_space(MemorySpace space, const T* data, size_t count) {
+  Buffer b(space, count * sizeof(T));
+  copy_bytes(b.data(), space, data, MemorySpace::host, count * sizeof(T));
+  return b;
+}
+
+template <typename T>
+std::vector<T> to_host(const Buffer& b, size_t count) {
+  std::vector<T> out(count);
+  copy_bytes(out.data(), MemorySpace::host, b.data(), b.space(), count * sizeof(T));
+  return out;
+}
+
 }  // namespace fp8proj::cli

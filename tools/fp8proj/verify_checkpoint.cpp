@@ -157,20 +157,6 @@ size_t fp8_copy_bytes(int64_t n, int64_t k) {
   return static_cast<size_t>(n * k) + static_cast<size_t>(ceil_div(n, 128) * ceil_div(k, 128)) * sizeof(float);
 }
 
-template <typename T>
-Buffer to_space(MemorySpace space, const T* data, size_t count) {
-  Buffer b(space, count * sizeof(T));
-  copy_bytes(b.data(), space, data, MemorySpace::host, count * sizeof(T));
-  return b;
-}
-
-template <typename T>
-std::vector<T> to_host(const Buffer& b, size_t count) {
-  std::vector<T> out(count);
-  copy_bytes(out.data(), MemorySpace::host, b.data(), b.space(), count * sizeof(T));
-  return out;
-}
-
 // The GEMM errors of one projection on activations x [m, k] (already bf16-representable).
 std::vector<GemmRow> gemm_errors(const std::vector<bf16>& w, int64_t n, int64_t k, const std::vector<float>& xf,
                                  int64_t m) {

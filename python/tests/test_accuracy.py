@@ -198,7 +198,9 @@ def test_checkpoint_loads_in_cpp(trained, tmp_path):
     assert [(r["layer"], r["projection"]) for r in rows] == [
         (l, m) for l in (0, 1) for m in ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj")]
     assert all(r["dtype"] == "BF16" for r in rows)
-    assert {r["projection"] for r in rows if r["eligible"]} == {"q_a_proj", "q_b_proj", "kv_b_proj", "o_proj"}
+    # fp8_eligible (N % 16, K % 128): kv_a_proj_with_mqa's 192 rows too (a partial 128-row block).
+    assert {r["projection"] for r in rows if r["eligible"]} == {"q_a_proj", "q_b_proj", "kv_a_proj_with_mqa",
+                                                                "kv_b_proj", "o_proj"}
 
 
 def test_eval_fp8_branch_with_a_stand_in(trained, corpus, tmp_path, monkeypatch):
@@ -224,8 +226,8 @@ def test_eval_fp8_branch_with_a_stand_in(trained, corpus, tmp_path, monkeypatch)
                 lin = getattr(mod, t, None)
                 if not isinstance(lin, __import__("torch").nn.Linear):
                     continue
-                if lin.out_features % 128 or lin.in_features % 128:
-                    rep.skipped.append((f"{name}.{t}", "N or K not a multiple of 128"))
+                if lin.out_features % 16 or lin.in_features % 128:  # fp8proj's rule (fp8_eligible)
+                    rep.skipped.append((f"{name}.{t}", "N not a multiple of 16 or K not a multiple of 128"))
                     continue
                 setattr(mod, t, StandIn(lin, 512 if policy == "prefill" else 0))
                 rep.patched.append(f"{name}.{t}")
@@ -244,6 +246,7 @@ def test_eval_fp8_branch_with_a_stand_in(trained, corpus, tmp_path, monkeypatch)
         assert rows[name]["status"] == "ok" and rows[name]["kl_mean"] > 0, rows[name]
     assert rows["fp8 prefill"]["kl_mean_vs_emulated"] == 0 and rows["fp8 prefill"]["top1_vs_emulated"] == 1
     assert rows["fp8 prefill"]["patched"] == 4 and rows["fp8 prefill"]["fp8_modules_at_m"] == 4
-    assert rows["fp8 prefill +q_a,kv_a,kv_b"]["skipped"] == 2  # kv_a_proj_with_mqa: N = 192, both layers
+    # kv_a_proj_with_mqa (N = 192) is eligible: every offered projection of both layers is patched.
+    assert rows["fp8 prefill +q_a,kv_a,kv_b"]["skipped"] == 0 and rows["fp8 prefill +q_a,kv_a,kv_b"]["patched"] == 10
     md = (out / "eval.md").read_text()
-    assert "stand-in: fp8 at M = 640" in md and "kv_a_proj_with_mqa: N or K not a multiple of 128" in md
+    assert "stand-in: fp8 at M = 640" in md

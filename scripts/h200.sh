@@ -8,7 +8,8 @@
 #   bash scripts/h200.sh [step ...]      steps: info tests verify bench layer tune check
 #                                               harness correctness design sanitize profile python
 #                                               ntail layer_dense decode_policy layer_residual
-#                                               faults sanitize_all
+#                                               faults sanitize_all tune_dense deepgemm_ntail
+#                                               python_overhead
 #                                               (default: info tests verify bench layer harness
 #                                               sanitize)
 # Each step has its own timeout so that one hang cannot eat the whole budget.
@@ -42,6 +43,27 @@ run() {  # run NAME TIMEOUT CMD...: output to $R/NAME.log, status to run.log
   return $rc
 }
 
+# ---- builds that overlap the C++ build (CPU only; waited for before any GPU step) ----
+# python: the package (its own CMake build of the library, build-h200-python); deepgemm_ntail:
+# DeepGEMM built and its kernels JIT-compiled for the N-tail shapes.
+pip_i='python3 -m pip install "$@" || python3 -m pip install --break-system-packages "$@"'
+DG_NTAIL_SHAPES="2624,6144;2112,7168"
+bg=()
+if want python || want python_overhead; then
+  log "start python_install (background)"
+  [ -d .whl ] && bash -c "$pip_i" _ --quiet --no-index --find-links .whl scikit-build-core pathspec packaging >/dev/null 2>&1
+  ( t0=$SECONDS; timeout 420 env CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" PATH="/usr/local/cuda/bin:$PATH" \
+      bash -c "$pip_i" _ --no-build-isolation --no-deps -C build-dir=build-h200-python . >"$R/python_install.log" 2>&1
+    rc=$?; log "end python_install rc=$rc ($((SECONDS - t0)) s)"; exit $rc ) &
+  bg+=($!)
+fi
+if want deepgemm_ntail && [ -f build-pack/deepgemm-src.txz ]; then
+  log "start deepgemm_prepare (background)"
+  ( t0=$SECONDS; PREPARE_ONLY=1 DG_SHAPES="$DG_NTAIL_SHAPES" OUT="$R/deepgemm" timeout 420 bash scripts/h200_deepgemm.sh \
+      >"$R/deepgemm_prepare.log" 2>&1; rc=$?; log "end deepgemm_prepare rc=$rc ($((SECONDS - t0)) s)"; exit $rc ) &
+  bg+=($!)
+fi
+
 # ---- binaries: carried or built here ----
 BIN=.device/bin
 # The binaries find the tuned tables in share/fp8proj/configs next to their bin/ (as installed).
@@ -68,11 +90,12 @@ else
 fi
 export LD_LIBRARY_PATH="$PWD/$BIN${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 FP8=$BIN/fp8proj
+for p in "${bg[@]}"; do wait "$p"; done
 
 want info && {
   # The binaries' version stamp (fp8proj info, first line) names their commit; the git metadata
   # of a device copy of the tree can be older than its files, so it is not printed.
-  { nvidia-smi; nvidia-smi -q -d CLOCK,POWER | head -60; "$FP8" info; } \
+  { nvidia-smi; nvidia-smi -q -d CLOCK,POWER | head -60; lscpu | grep -E "Model name|^CPU\(s\)|MHz"; "$FP8" info; } \
     >"$R/info.log" 2>&1
   "$FP8" info | head -20
 }
@@ -91,6 +114,12 @@ want correctness && [ -x "$BIN/sm90_fp8_gemm_harness" ] && \
 # design: every kernel configuration timed on the six model shapes (BEST/SUMMARY lines).
 want design && [ -x "$BIN/sm90_fp8_gemm_harness" ] && \
   run harness_design 240 "$BIN/sm90_fp8_gemm_harness" --shapes design --reps 15
+# tune_dense: the rows of fused_qkv_a and kv_b_proj (GLM-5 and DeepSeek-V3, TP 1/2/4/8; fused_qkv_a
+# is replicated, the same shape at every TP) into a table of their own, which
+# scripts/merge_tuned.py adds to the shipped one.
+DENSE_SHAPES=2624x6144,2112x7168,28672x512,14336x512,7168x512,3584x512,32768x512,16384x512,8192x512,4096x512
+want tune_dense && run tune_dense 300 "$FP8" tune --shape "$DENSE_SHAPES" --budget "${TUNE_DENSE_BUDGET:-170}" \
+  --out "$R/tune_dense.json" --csv "$R/tune_dense.csv" --md "$R/tune_dense.md"
 want tune && run tune 420 "$FP8" tune --model glm5,deepseek-v3 --tp 1,2,4,8 --out "$R/nvidia-h200.json" \
   --csv "$R/tune.csv" --md "$R/tune.md"
 # Later steps measure with the table just made (the layer reads it at construction), else with
@@ -174,21 +203,6 @@ want sanitize && command -v compute-sanitizer >/dev/null && {
 # faults: the layer and the C ABI under tuned-table faults (tests/gpu/test_faults.py).
 want faults && [ -x "$BIN/fp8proj_fault_probe_layer" ] && \
   run faults 240 python3 tests/gpu/test_faults.py "$BIN/fp8proj_fault_probe_layer" "$BIN/fp8proj_fault_probe_capi"
-# sanitize_all: the four compute-sanitizer tools over the GPU tests (minus the exhaustive
-# conversions and timing loops), the C ABI tests and the fault probe; one log per tool and
-# program under results/ (compute-sanitizer's own summary line ends each).
-want sanitize_all && command -v compute-sanitizer >/dev/null && {
-  gfilter='-*HardwareCvt*:*Speed*:*Bandwidth*'
-  for tool in memcheck racecheck initcheck synccheck; do
-    extra=(); [ "$tool" = memcheck ] && extra=(--leak-check full)
-    run "cs_${tool}_gpu_tests" 300 compute-sanitizer --tool "$tool" "${extra[@]}" --error-exitcode 9 \
-      "$BIN/fp8proj_gpu_tests" --gtest_filter="$gfilter"
-    [ -x "$BIN/fp8proj_c_api_tests" ] && run "cs_${tool}_c_api" 120 compute-sanitizer --tool "$tool" \
-      --error-exitcode 9 "$BIN/fp8proj_c_api_tests"
-    [ -x "$BIN/fp8proj_fault_probe_capi" ] && FP8PROJ_TUNE_FILE=/nonexistent.json run "cs_${tool}_fault_capi" 60 \
-      compute-sanitizer --tool "$tool" --error-exitcode 9 "$BIN/fp8proj_fault_probe_capi"
-  done
-}
 want profile && command -v ncu >/dev/null && [ -x "$BIN/sm90_fp8_gemm_harness" ] && {
   run ncu_large 120 ncu --clock-control none -k regex:sm90_fp8_gemm --launch-count 2 --section SpeedOfLight \
     --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats \
@@ -202,12 +216,59 @@ want profile && command -v ncu >/dev/null && [ -x "$BIN/sm90_fp8_gemm_harness" ]
 # pathspec and packaging travel as wheels in .whl/), its pytest suite with the GPU tests, and
 # python -m fp8proj.bench (per-call overhead; the transformers model, flag off vs on).
 want python && {
-  pip_i='python3 -m pip install "$@" || python3 -m pip install --break-system-packages "$@"'
-  [ -d .whl ] && bash -c "$pip_i" _ --quiet --no-index --find-links .whl scikit-build-core pathspec packaging >/dev/null 2>&1
-  run python_install 420 env CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" PATH="/usr/local/cuda/bin:$PATH" \
-    bash -c "$pip_i" _ --no-build-isolation --no-deps -C build-dir=build-h200-python .
+  tail -n 5 "$R/python_install.log"
   run python_tests 300 python3 -m pytest -q -rs python/tests
   run python_bench 420 python3 -m fp8proj.bench --out "$R/python_bench"
 }
+# python_overhead: the package's op-registration check (opcheck) and the per-call overhead part
+# of fp8proj.bench alone.
+want python_overhead && {
+  tail -n 5 "$R/python_install.log"
+  run python_opcheck 200 python3 -m pytest -q -rs python/tests/test_gpu.py -k opcheck
+  run python_overhead 200 python3 -m fp8proj.bench --out "$R/python_overhead" --parts overhead
+}
+# deepgemm_ntail: DeepGEMM against our FP8 GEMM and cuBLAS bf16 at fused_qkv_a's shapes (N % 128
+# != 0 for us; DeepGEMM takes N % 64 == 0), M from 1 to 32768, same run, same operands.
+want deepgemm_ntail && [ -f build-pack/deepgemm-src.txz ] && \
+  run deepgemm_ntail 300 env DG_SHAPES="$DG_NTAIL_SHAPES" OUT="$R/deepgemm" FP8PROJ_C_LIB="$PWD/$BIN/libfp8proj_c.so" \
+    COMPARE_ARGS="--m 1,16,64,128,256,512,1024,2048,4096,8192,16384,32768" bash scripts/h200_deepgemm.sh
 
+# sanitize_all (last: its processes share the GPU, so nothing is timed after it starts): the
+# four compute-sanitizer tools over the GPU tests (minus the exhaustive
+# conversions and timing loops), the C ABI tests and the fault probe; one log per tool and
+# program under results/ (compute-sanitizer's own summary line ends each).
+want sanitize_all && command -v compute-sanitizer >/dev/null && {
+  gfilter='-*HardwareCvt*:*Speed*:*Bandwidth*'
+  # racecheck replays every shared-memory access: over the per-configuration GEMM sweeps
+  # (Configs/*, the N-tail heuristic shapes) it would run for an hour, so those configurations
+  # get racecheck through the harness below, every configuration once at small K.
+  rfilter="$gfilter:Configs/*:Shapes/Sm90NTailHeuristicGpu.*"
+  # Each tool's pass over the GPU tests runs as SANITIZE_SHARDS gtest shards at once (separate
+  # processes on the one GPU: the tools' cost is mostly host-side), one log per shard.
+  shards=${SANITIZE_SHARDS:-3}
+  pids=()
+  for tool in ${SANITIZE_TOOLS:-memcheck initcheck synccheck racecheck}; do
+    extra=(--print-limit 2000); [ "$tool" = memcheck ] && extra+=(--leak-check full)
+    f=$gfilter; [ "$tool" = racecheck ] && f=$rfilter
+    for i in $(seq 0 $((shards - 1))); do
+      GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i run "cs_${tool}_gpu_tests_${i}of${shards}" 480 \
+        compute-sanitizer --tool "$tool" "${extra[@]}" --error-exitcode 9 "$BIN/fp8proj_gpu_tests" \
+        --gtest_filter="$f" >/dev/null &
+      pids+=($!)
+    done
+  done
+  [ -x "$BIN/sm90_fp8_gemm_harness" ] && {
+    run cs_racecheck_harness_ntail 300 compute-sanitizer --tool racecheck --error-exitcode 9 \
+      "$BIN/sm90_fp8_gemm_harness" --no-timing --mnk 100,2624,256 --mnk 2304,2112,256 --mnk 40,576,256 >/dev/null &
+    pids+=($!)
+  }
+  for tool in ${SANITIZE_TOOLS:-memcheck initcheck synccheck racecheck}; do
+    [ -x "$BIN/fp8proj_c_api_tests" ] && run "cs_${tool}_c_api" 120 compute-sanitizer --tool "$tool" \
+      --error-exitcode 9 "$BIN/fp8proj_c_api_tests" >/dev/null
+    [ -x "$BIN/fp8proj_fault_probe_capi" ] && FP8PROJ_TUNE_FILE=/nonexistent.json run "cs_${tool}_fault_capi" 60 \
+      compute-sanitizer --tool "$tool" --error-exitcode 9 "$BIN/fp8proj_fault_probe_capi" >/dev/null
+  done
+  for p in "${pids[@]}"; do wait "$p"; done
+  grep -H "ERROR SUMMARY\|LEAK SUMMARY\|RACECHECK SUMMARY" "$R"/cs_*.log | tee -a "$R/run.log"
+}
 log "done; results in $OUT/results.tgz"

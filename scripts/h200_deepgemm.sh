@@ -17,6 +17,10 @@
 #                                        (docs/kernels.md): decide an A/B both ways round, RUNS even)
 #   RUNS=2                              (independent measurement runs, to show the spread)
 #   COMPARE_ARGS="--reps 45"            (passed on to compare_deepgemm.py)
+#   DG_SHAPES="2624,6144;2112,7168"     (shapes instead of the reference table, for the JIT
+#                                        prewarm and the comparison alike)
+#   PREPARE_ONLY=1                      (build DeepGEMM and JIT-compile its kernels, then stop:
+#                                        CPU work that can overlap other builds)
 #   NCU_PROBLEM=N,K,M                   (also: Nsight Compute of both kernels at that problem,
 #                                        clocks left alone)
 set -euo pipefail
@@ -30,7 +34,7 @@ export FP8PROJ_TUNE_FILE=${FP8PROJ_TUNE_FILE:-$repo/configs/nvidia-h200.json}
 lib=${FP8PROJ_C_LIB:-}
 [[ -z $lib && -f .device/lib/libfp8proj_c.so ]] && lib=$repo/.device/lib/libfp8proj_c.so
 [[ -z $lib && -f build/src/libfp8proj_c.so ]] && lib=$repo/build/src/libfp8proj_c.so
-[[ -n $lib ]] || { echo "no libfp8proj_c.so: build the fp8proj_c target or set FP8PROJ_C_LIB" >&2; exit 2; }
+[[ -n $lib || ${PREPARE_ONLY:-0} == 1 ]] || { echo "no libfp8proj_c.so: build the fp8proj_c target or set FP8PROJ_C_LIB" >&2; exit 2; }
 [[ -f build-pack/deepgemm-src.txz ]] || { echo "no build-pack/deepgemm-src.txz: run scripts/pack_deepgemm.sh" >&2; exit 2; }
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit,temperature.gpu --format=csv \
@@ -66,16 +70,18 @@ python3 -c 'import deep_gemm, torch; print("deep_gemm", deep_gemm.__version__, "
 start=$SECONDS
 shards=${SHARDS:-12}
 mkdir -p "$OUT/prewarm"
+shape_args=(); [[ -n ${DG_SHAPES:-} ]] && shape_args=(--shapes "$DG_SHAPES")
 for i in $(seq 0 $((shards - 1))); do
-  python3 scripts/compare_deepgemm.py --prewarm "$i/$shards" >"$OUT/prewarm/$i.log" 2>&1 &
+  python3 scripts/compare_deepgemm.py --prewarm "$i/$shards" "${shape_args[@]}" >"$OUT/prewarm/$i.log" 2>&1 &
 done
 fail=0
 for job in $(jobs -p); do wait "$job" || fail=1; done
 (( fail == 0 )) || { tail -30 "$OUT"/prewarm/*.log; exit 1; }
 echo "DeepGEMM JIT prewarm: $((SECONDS - start)) s, $(find "$DG_JIT_CACHE_DIR" -name '*.cubin' | wc -l) kernels"
 # DeepGEMM's own choice per problem (its heuristic prints it; every kernel is cached by now).
-DG_PRINT_CONFIGS=1 python3 scripts/compare_deepgemm.py --prewarm 0/1 >"$OUT/deepgemm_configs.log" 2>&1
+DG_PRINT_CONFIGS=1 python3 scripts/compare_deepgemm.py --prewarm 0/1 "${shape_args[@]}" >"$OUT/deepgemm_configs.log" 2>&1
 rm -rf "$OUT/prewarm"
+[[ ${PREPARE_ONLY:-0} == 1 ]] && exit 0
 
 both_ways=0
 [[ -n ${FP8PROJ_C_LIB_B:-} && ${AB_BOTH_WAYS:-0} == 1 ]] && both_ways=1
@@ -88,7 +94,7 @@ for run in $(seq 1 "${RUNS:-1}"); do
     touch "$dir/swapped"
   fi
   FP8PROJ_TUNE_FILE=$ta python3 scripts/compare_deepgemm.py --lib "$a" ${b:+--lib-b "$b" --tune-file-b "$tb"} \
-    --out "$dir" ${COMPARE_ARGS:-} 2>&1 | tee "$dir/compare.log"
+    --out "$dir" "${shape_args[@]}" ${COMPARE_ARGS:-} 2>&1 | tee "$dir/compare.log"
 done
 if (( both_ways )); then
   python3 scripts/ab_both_ways.py "$OUT" --csv "$OUT/ab_both_ways.csv" | tee "$OUT/ab_both_ways.md" ||

@@ -33,9 +33,11 @@ using torch::stable::Tensor;
 }
 [[noreturn]] void fail_c(const char* op) { fail(op, fp8proj_last_error()); }
 
-void check(bool ok, const char* op, const std::string& msg) {
-  if (!ok) fail(op, msg);
-}
+// The message is built only when the check fails: a passing call allocates nothing here.
+#define OP_CHECK(cond, op, msg) \
+  do {                          \
+    if (!(cond)) fail(op, msg); \
+  } while (0)
 
 int32_t dtype_bf16() { static const int32_t v = aoti_torch_dtype_bfloat16(); return v; }
 int32_t dtype_e4m3() { static const int32_t v = aoti_torch_dtype_float8_e4m3fn(); return v; }
@@ -87,7 +89,7 @@ Tensor empty(std::initializer_list<int64_t> sizes, int32_t dtype, int32_t device
 Tensor empty_like_rows(const Tensor& x, int64_t last, int32_t dtype) {  // x.shape[:-1] + (last,)
   std::array<int64_t, 8> sz{}, st{};
   const int64_t nd = x.dim();
-  check(nd >= 1 && nd <= 8, "op", "x must have 1 to 8 dimensions");
+  OP_CHECK(nd >= 1 && nd <= 8, "op", "x must have 1 to 8 dimensions");
   for (int64_t d = 0; d < nd; ++d) sz[d] = x.size(d);
   sz[nd - 1] = last;
   int64_t stride = 1;
@@ -113,9 +115,9 @@ int64_t ceil4(int64_t m) { return (m + 3) / 4 * 4; }
 // x[..., K] with unit column stride as rows a fixed stride apart: (m, k, row stride).
 std::tuple<int64_t, int64_t, int64_t> rows_of(const Tensor& x, const char* op) {
   const int64_t nd = x.dim();
-  check(nd >= 1, op, "x must have at least one dimension");
+  OP_CHECK(nd >= 1, op, "x must have at least one dimension");
   const int64_t k = x.size(nd - 1);
-  check(x.stride(nd - 1) == 1 || k == 1, op, "x's last dimension must have stride 1");
+  OP_CHECK(x.stride(nd - 1) == 1 || k == 1, op, "x's last dimension must have stride 1");
   int64_t m = 1;
   for (int64_t d = 0; d < nd - 1; ++d) m *= x.size(d);
   if (nd == 1 || m <= 1) return {m, k, k};
@@ -153,7 +155,7 @@ Tensor linear(Tensor x, Tensor weight, int64_t handle) {
   const Projection p = projection(handle, weight, op);
   const auto [m, k, stride] = rows_of(x, op);
   (void)stride;
-  check(k == p.k, op, "x has K=" + std::to_string(k) + ", the projection has K=" + std::to_string(p.k));
+  OP_CHECK(k == p.k, op, "x has K=" + std::to_string(k) + ", the projection has K=" + std::to_string(p.k));
   Tensor y = empty_like_rows(x, p.n, dtype_bf16());
   if (m > 0 && fp8proj_projection_forward(p.handle, x.data_ptr(), m, y.data_ptr(), stream_of(x.get_device_index())) != 0)
     fail_c(op);
@@ -169,8 +171,8 @@ Tensor rmsnorm_linear(Tensor x, Tensor norm_weight, double eps, Tensor weight, i
   check_same_device(x, weight, op, "weight");
   const Projection p = projection(handle, weight, op);
   const auto [m, k, stride] = rows_of(x, op);
-  check(k == p.k, op, "x has K=" + std::to_string(k) + ", the projection has K=" + std::to_string(p.k));
-  check(norm_weight.dim() == 1 && norm_weight.size(0) == k, op,
+  OP_CHECK(k == p.k, op, "x has K=" + std::to_string(k) + ", the projection has K=" + std::to_string(p.k));
+  OP_CHECK(norm_weight.dim() == 1 && norm_weight.size(0) == k, op,
         "norm_weight must have shape (" + std::to_string(k) + ",)");
   Tensor y = empty_like_rows(x, p.n, dtype_bf16());
   if (m > 0 && fp8proj_projection_forward_rmsnorm(p.handle, x.data_ptr(), stride, norm_weight.data_ptr(),
@@ -183,11 +185,11 @@ Tensor rmsnorm_linear(Tensor x, Tensor norm_weight, double eps, Tensor weight, i
 std::tuple<Tensor, Tensor> quantize_rows(const char* op, const Tensor& x, const Tensor* norm_weight, double eps) {
   check_tensor(x, op, "x", dtype_bf16(), /*contiguous=*/norm_weight == nullptr);
   const auto [m, k, stride] = rows_of(x, op);
-  check(k > 0 && k % 128 == 0, op, "K=" + std::to_string(k) + " must be a positive multiple of 128 (1x128 scale groups)");
+  OP_CHECK(k > 0 && k % 128 == 0, op, "K=" + std::to_string(k) + " must be a positive multiple of 128 (1x128 scale groups)");
   if (norm_weight) {
     check_tensor(*norm_weight, op, "weight", dtype_bf16());
     check_same_device(x, *norm_weight, op, "weight");
-    check(norm_weight->dim() == 1 && norm_weight->size(0) == k, op, "weight must have shape (" + std::to_string(k) + ",)");
+    OP_CHECK(norm_weight->dim() == 1 && norm_weight->size(0) == k, op, "weight must have shape (" + std::to_string(k) + ",)");
   }
   const int32_t dev = x.get_device_index();
   Tensor values = empty_like_rows(x, k, dtype_e4m3());
@@ -260,13 +262,13 @@ Tensor fp8_gemm(Tensor xv, Tensor xs, Tensor wv, Tensor ws) {
   check_same_device(xv, xs, op, "xs");
   check_same_device(xv, wv, op, "wv");
   check_same_device(xv, ws, op, "ws");
-  check(xv.dim() == 2 && xs.dim() == 2 && wv.dim() == 2 && ws.dim() == 2, op,
+  OP_CHECK(xv.dim() == 2 && xs.dim() == 2 && wv.dim() == 2 && ws.dim() == 2, op,
         "xv [M, K], xs [K/128, ld], wv [N, K] and ws [ceil(N/128), K/128] must be 2-D");
   const int64_t m = xv.size(0), k = xv.size(1), n = wv.size(0);
-  check(wv.size(1) == k, op, "xv has K=" + std::to_string(k) + ", wv has K=" + std::to_string(wv.size(1)));
-  check(xs.size(0) == (k + 127) / 128 && xs.size(1) >= m && xs.size(1) % 4 == 0, op,
+  OP_CHECK(wv.size(1) == k, op, "xv has K=" + std::to_string(k) + ", wv has K=" + std::to_string(wv.size(1)));
+  OP_CHECK(xs.size(0) == (k + 127) / 128 && xs.size(1) >= m && xs.size(1) % 4 == 0, op,
         "xs must be [K/128, ld >= M, ld a multiple of 4]");
-  check(ws.size(0) == (n + 127) / 128 && ws.size(1) == (k + 127) / 128, op, "ws must be [ceil(N/128), ceil(K/128)]");
+  OP_CHECK(ws.size(0) == (n + 127) / 128 && ws.size(1) == (k + 127) / 128, op, "ws must be [ceil(N/128), ceil(K/128)]");
   const int32_t dev = xv.get_device_index();
   Tensor y = empty({m, n}, dtype_bf16(), dev);
   if (m == 0) return y;

@@ -117,6 +117,9 @@ def overhead(calls: int, batches: int) -> list:
         qv, qs = ops.quantize_activation(x16k)
         ops.fp8_gemm(qv, qs, wv, ws)
         gemm = ops._GEMMS.get(wv, ws, m)
+        # The op's arguments bound once, as x16k and norm_w are: what is timed is the op, not
+        # nn.Module's attribute lookup (the "module" rows time the whole module call).
+        o_w, o_id, q_w, q_id = o_mod.weight, o_mod._proj.id, q_mod.weight, q_mod._proj.id
         cases = {
             "quantize_activation": {
                 "c": lambda: L.fp8proj_quantize_activation(x16k.data_ptr(), 16384, m, 16384, xv.data_ptr(),
@@ -132,12 +135,12 @@ def overhead(calls: int, batches: int) -> list:
                 "op": lambda: torch.ops.fp8proj.fp8_gemm(qv, qs, wv, ws)},
             "linear": {
                 "c": lambda: L.fp8proj_projection_forward(o_ref.handle, x16k.data_ptr(), m, y6k.data_ptr(), stream),
-                "op": lambda: torch.ops.fp8proj.linear(x16k, o_mod.weight, o_mod._proj.id),
+                "op": lambda: torch.ops.fp8proj.linear(x16k, o_w, o_id),
                 "module": lambda: o_mod(x16k)},
             "rmsnorm_linear": {
                 "c": lambda: L.fp8proj_projection_forward_rmsnorm(q_ref.handle, x2k.data_ptr(), 2048,
                                                                   norm_w.data_ptr(), 1e-6, m, y16k.data_ptr(), stream),
-                "op": lambda: torch.ops.fp8proj.rmsnorm_linear(x2k, norm_w, 1e-6, q_mod.weight, q_mod._proj.id),
+                "op": lambda: torch.ops.fp8proj.rmsnorm_linear(x2k, norm_w, 1e-6, q_w, q_id),
                 "module": lambda: q_mod(x2k)},
         }
         if m == 1:
@@ -193,7 +196,9 @@ class _AttnTimer:
 
 @torch.no_grad()
 def model_bench(names, chunks, reps: int, warmup: int, layers: int,
-                targets=("q_b_proj", "o_proj")) -> list:
+                targets=("q_b_proj", "o_proj"), max_tokens: int = 0) -> list:
+    """max_tokens: the modules' workspace rows (larger prefills run in chunks of that many);
+    0 = the largest prefill of the run, as an engine sizes it to its largest batch."""
     import transformers
     from fp8proj.integrations.transformers import patch
 
@@ -205,7 +210,9 @@ def model_bench(names, chunks, reps: int, warmup: int, layers: int,
             model = transformers.DeepseekV3ForCausalLM(cfg).to(dtype=BF16).eval()
         attns = [layer.self_attn for layer in model.model.layers]
         before = [(a, attr, getattr(a, attr)) for a in attns for attr in ("q_a_layernorm",) + tuple(targets)]
-        report = patch(model, enabled=True, targets=tuple(targets))  # policy prefill, the tuned table's gate
+        rows_ws = max_tokens or max(chunks) * 1024
+        # policy prefill, the tuned table's gate; one shared workspace of rows_ws rows per kind
+        report = patch(model, enabled=True, targets=tuple(targets), max_tokens=rows_ws)
         after = [(a, attr, getattr(a, attr)) for a, attr, _ in before]
         print(report, flush=True)
         extra = sum(getattr(m, "extra_memory_bytes", lambda: 0)() for _, _, m in after)
@@ -241,7 +248,7 @@ def model_bench(names, chunks, reps: int, warmup: int, layers: int,
             del logits
             mo, mn = statistics.median(times[False]), statistics.median(times[True])
             ao, an = statistics.median(attn_times[False]), statistics.median(attn_times[True])
-            row = dict(model=name, chunks=c, tokens=c * 1024, layers=layers, reps=reps,
+            row = dict(model=name, chunks=c, tokens=c * 1024, layers=layers, reps=reps, max_tokens=rows_ws,
                        attn_off_ms=round(ao, 3), attn_on_ms=round(an, 3), attn_speedup=round(ao / an, 4),
                        model_off_ms=round(mo, 3), model_on_ms=round(mn, 3), model_speedup=round(mo / mn, 4),
                        logits_rel_err=float(f"{rel:.3e}"), fp8_extra_bytes=extra)
@@ -270,7 +277,8 @@ def _write(out: Path, overhead_rows, model_rows, meta) -> None:
     (out / "results.json").write_text(json.dumps(dict(meta=meta, overhead=overhead_rows, model=model_rows),
                                                  indent=1))
     md = [f"# fp8proj Python package on {meta['gpu']}", "", f"Command: `{meta['command']}`", "",
-          f"torch {meta['torch']}, transformers {meta['transformers']}, library {meta['library']}", ""]
+          f"torch {meta['torch']}, transformers {meta['transformers']}, library {meta['library']}, "
+          f"host CPU {meta.get('cpu', 'unknown')}", ""]
     if overhead_rows:
         md += ["## Per-call overhead over the C ABI call (eager)", "",
                "| op | M | path | host us/call | over C | device us/call | over C |", "|---|---|---|---|---|---|---|"]
@@ -284,7 +292,20 @@ def _write(out: Path, overhead_rows, model_rows, meta) -> None:
         md += [f"| {r['model']} | {r['chunks']} | {r['attn_off_ms']:.2f} | {r['attn_on_ms']:.2f} | "
                f"{r['attn_speedup']:.3f}x | {r['model_off_ms']:.2f} | {r['model_on_ms']:.2f} | "
                f"{r['model_speedup']:.3f}x | {r['logits_rel_err']:.2e} |" for r in model_rows]
+        md += ["", f"Workspace rows (max_tokens): {sorted({r['max_tokens'] for r in model_rows})}; a prefill "
+               "longer than that runs in chunks of that many rows."]
     (out / "results.md").write_text("\n".join(md) + "\n")
+
+
+def _cpu_name() -> str:
+    """The host CPU's model name: host-side overhead scales with it."""
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
 
 
 def main(argv=None) -> int:
@@ -296,6 +317,9 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--targets", default="q_b_proj,o_proj",
                     help="the attention's projections to patch, e.g. q_a_proj,q_b_proj,kv_a_proj_with_mqa,kv_b_proj,o_proj")
+    ap.add_argument("--max-tokens", type=int, default=0,
+                    help="the patched modules' workspace rows (larger prefills run in chunks); "
+                         "default: the largest prefill of --chunks")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
     # At most ~200 calls (<= 600 launches) per batch: the launch queue must not fill while the
@@ -312,12 +336,12 @@ def main(argv=None) -> int:
     parts = set(a.parts.split(","))
     meta = dict(command="python -m fp8proj.bench " + " ".join(argv if argv is not None else sys.argv[1:]),
                 gpu=torch.cuda.get_device_name(), torch=torch.__version__, transformers=transformers.__version__,
-                library=fp8proj.library_version(), python=platform.python_version(),
+                library=fp8proj.library_version(), python=platform.python_version(), cpu=_cpu_name(),
                 tune_file=os.environ.get("FP8PROJ_TUNE_FILE", ""))
     ov = overhead(a.calls, a.batches) if "overhead" in parts else []
     _write(Path(a.out), ov, [], meta)
     md = model_bench(a.models.split(","), [int(c) for c in a.chunks.split(",")], a.reps, a.warmup,
-                     a.layers, a.targets.split(",")) if "model" in parts else []
+                     a.layers, a.targets.split(","), a.max_tokens) if "model" in parts else []
     _write(Path(a.out), ov, md, meta)
     print(f"wrote {a.out}/results.md")
     return 0

@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "core/device_testing.hpp"
 #include "fp8proj/memory.hpp"
 #include "fp8proj_git_commit.hpp"  // FP8PROJ_GIT_COMMIT, generated at build time (cmake/git_stamp.cmake)
 
@@ -73,9 +74,41 @@ std::string DeviceInfo::arch() const {
   return present ? "sm_" + std::to_string(cc_major) + std::to_string(cc_minor) : "none";
 }
 
+namespace {
+struct Simulated {
+  bool on = false;
+  int cc_major = 0, cc_minor = 0;
+  std::string name;
+};
+Simulated& simulated() {
+  static Simulated s;
+  return s;
+}
+bool& device_read() {
+  static bool read = false;
+  return read;
+}
+}  // namespace
+
 const DeviceInfo& current_device() {
-  static const DeviceInfo info = query();
+  static const DeviceInfo info = [] {
+    device_read() = true;
+    DeviceInfo d = query();
+    const Simulated& s = simulated();
+    if (s.on && d.present) {
+      d.cc_major = s.cc_major;
+      d.cc_minor = s.cc_minor;
+      d.name = s.name;
+    }
+    return d;
+  }();
   return info;
+}
+
+bool simulate_device_for_testing(int cc_major, int cc_minor, const std::string& name) {
+  if (device_read()) return false;
+  simulated() = Simulated{true, cc_major, cc_minor, name};
+  return true;
 }
 
 bool gpu_available() { return current_device().present; }

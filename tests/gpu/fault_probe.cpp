@@ -18,6 +18,7 @@
 #ifdef FP8PROJ_PROBE_CAPI
 #include "fp8proj/c_api.h"
 #else
+#include "core/device_testing.hpp"
 #include "fp8proj/device.hpp"
 #include "fp8proj/memory.hpp"
 #include "fp8proj/projection.hpp"
@@ -43,11 +44,19 @@ int main() {
     std::printf("SKIPPED: no CUDA GPU in this process\n");
     return 77;
   }
+#ifdef FP8PROJ_PROBE_CAPI
   if (want_unsupported && cc == 90) {
-    std::printf("SKIPPED: the unsupported-GPU case needs a GPU other than sm_90 (this is sm_90; nothing forces "
-                "another architecture)\n");
+    std::printf("SKIPPED: the C ABI's unsupported-GPU case needs a GPU other than sm_90 (the simulated "
+                "architecture is reachable from the layer probe only)\n");
     return 77;
   }
+#else
+  // On an sm_90 GPU the unsupported case runs with the device reported as sm_80.
+  if (want_unsupported && cc == 90 && !fp8proj::simulate_device_for_testing(8, 0, "simulated sm_80 GPU")) {
+    std::printf("probe FAILED: could not simulate another architecture\n");
+    return 1;
+  }
+#endif
   if (!want_unsupported && cc != 90) {
     std::printf("SKIPPED: the FP8 kernels need an sm_90 GPU (this is sm_%d)\n", cc);
     return 77;
@@ -121,6 +130,18 @@ int main() {
     den += double(fb) * fb;
   }
   const double rel = std::sqrt(num / den);
+  if (want_unsupported) {
+    const std::string why = l8.explain(m).to_string();
+    if (l8.path_for(m) != Path::bf16 || a != b || why.find("sm_90a") == std::string::npos) {
+      std::printf("probe FAILED: on an unsupported GPU the FP8-tagged layer must run bf16 (bit-identical) and "
+                  "say why; got path %d, %s, explain: %s\n", static_cast<int>(l8.path_for(m)),
+                  a == b ? "equal" : "different", why.c_str());
+      return 1;
+    }
+    std::printf("probe ok: unsupported GPU (%s): layer %s; output equals bf16\n", current_device().arch().c_str(),
+                why.c_str());
+    return 0;
+  }
   if (!(rel < 0.05)) {
     std::printf("probe FAILED: FP8 vs bf16 relative difference %g\n", rel);
     return 1;

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The layer and the C ABI on a GPU under tuned-table faults (docs/robustness.md): a corrupt
 table, one without a stamp, a directory, a FIFO, a missing file, a table stamped for another
-GPU, and -- where the GPU is not sm_90 -- an unsupported GPU. Each scenario runs the probe in
+GPU, and an unsupported GPU (on an sm_90 GPU the layer probe reports itself as sm_80;
+the C ABI probe needs a real non-sm_90 GPU). Each scenario runs the probe in
 a fresh process and must work with the defaults and exactly one log line about the table.
 
 Usage: test_faults.py FAULT_PROBE_LAYER FAULT_PROBE_CAPI

@@ -9,7 +9,7 @@
 //     and on (under the prefill policy the flag must not change it).
 // TP sizes run the per-rank work of rank 0 on one GPU (heads / tp local heads; o_proj's
 // partial output, no all-reduce). Timed as timing.hpp says: device events, L2 flushed before
-// every timed call, median of many. Without a GPU it runs the CPU reference at a tiny size
+// every timed call, median of many, flag off and on interleaved call by call. Without a GPU it runs the CPU reference at a tiny size
 // (DeepSeek-V2-Lite, one sequence of 64 tokens) and says so.
 #include <fmt/format.h>
 
@@ -123,7 +123,8 @@ void run_layer(const LayerArgs& a) {
   if (std::getenv("FP8PROJ_PREFILL_FP8"))
     fmt::print("note: FP8PROJ_PREFILL_FP8 is ignored by this command; the flag-on block runs policy {} (--policy){}\n",
                a.policy, a.all_dense ? " with every dense GEMM tagged" : "");
-  fmt::print("timing: median of {} after {} warm-up, L2 {}; speedup = flag-off time / flag-on time\n", topt.reps,
+  fmt::print("timing: median of {} after {} warm-up, L2 {}, flag off and on interleaved call by call; speedup = "
+             "flag-off time / flag-on time\n", topt.reps,
              topt.warmup, topt.flush_l2 ? "flushed before every timed call" : "not flushed");
 
   const int c_max = seqs.back();
@@ -212,8 +213,12 @@ void run_layer(const LayerArgs& a) {
             blk.prefill(x.data(), batch, y.data(), s);
         };
       };
-      r.off_us = time_or_host(space, prefill_of(off), topt);
-      r.on_us = time_or_host(space, prefill_of(on), topt);
+      // Off and on interleaved call by call: the H200's clock settles under its power cap
+      // within a fraction of a second of sustained load, and blocks of calls per variant would
+      // give the later block another clock.
+      const std::vector<double> pre = time_interleaved(space, {prefill_of(off), prefill_of(on)}, topt);
+      r.off_us = pre[0];
+      r.on_us = pre[1];
       auto staged = [&](MlaBlock& blk) {
         return [&](StreamHandle s, const MlaStageHook& h) {
           if (a.residual)
@@ -285,12 +290,19 @@ void run_layer(const LayerArgs& a) {
         if (gpu) {
           MlaDecodeGraph g_off(off, x.data(), db, y.data());
           MlaDecodeGraph g_on(on, x.data(), db, y_dec.data());
-          d.off_us = time_device([&](StreamHandle s) { g_off.replay(s); }, nullptr, topt).median_us;
-          d.on_us = time_device([&](StreamHandle s) { g_on.replay(s); }, nullptr, topt).median_us;
+          const std::vector<double> t = time_interleaved(
+              space, {[&](StreamHandle s) { g_off.replay(s); }, [&](StreamHandle s) { g_on.replay(s); }}, topt);
+          d.off_us = t[0];
+          d.on_us = t[1];
           d.graph = true;
         } else {
-          d.off_us = time_host([&] { off.decode(x.data(), db, y.data()); }, topt).median_us;
-          d.on_us = time_host([&] { on.decode(x.data(), db, y_dec.data()); }, topt).median_us;
+          const std::vector<double> t =
+              time_interleaved(space,
+                               {[&](StreamHandle) { off.decode(x.data(), db, y.data()); },
+                                [&](StreamHandle) { on.decode(x.data(), db, y_dec.data()); }},
+                               topt);
+          d.off_us = t[0];
+          d.on_us = t[1];
         }
         ops.synchronize(nullptr);
         const size_t count = static_cast<size_t>(c) * static_cast<size_t>(cfg.hidden);

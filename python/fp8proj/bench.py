@@ -3,7 +3,8 @@
 (a) overhead: per-call cost of each op over the C ABI call it wraps, same process, eager, at
     M = 1 and M = 4096. Host time per call is measured with the GPU held busy by a sleep kernel
     (so the launch queue never fills and the host never waits for the device); device time per
-    call from CUDA events around back-to-back calls. Rows: "c" (ctypes call into
+    call from CUDA events around back-to-back calls; the variants' batches alternate, so that
+    clock drift hits them alike. Rows: "c" (ctypes call into
     libfp8proj_c, outputs preallocated), "op" (torch.ops.fp8proj.*, through the dispatcher,
     outputs allocated), "module" (Fp8ProjLinear / Fp8ProjRMSNormLinear eager, which calls the
     C ABI directly).
@@ -51,31 +52,37 @@ def model_config(name: str, layers: int = 2, vocab: int = 16384):
 
 # ---- (a) per-call overhead ------------------------------------------------------------------------
 
-def _host_us_per_call(fn, calls: int, batches: int) -> float:
-    """Median host time of one call, with the device kept busy so launches never block."""
-    per = []
+def _host_us_per_call(fns, calls: int, batches: int) -> list:
+    """Median host time of one call of each of fns, with the device kept busy so launches never
+    block. The variants' batches alternate (c, op, module, c, op, ...), so that the host's clock
+    drift hits them alike."""
+    per = [[] for _ in fns]
     for _ in range(batches):
-        torch.cuda.synchronize()
-        torch.cuda._sleep(int(calls * 60e-6 * 2e9))  # ~60 us of GPU time per call queued ahead
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        per.append((time.perf_counter() - t0) / calls * 1e6)
+        for i, fn in enumerate(fns):
+            torch.cuda.synchronize()
+            torch.cuda._sleep(int(calls * 60e-6 * 2e9))  # ~60 us of GPU time per call queued ahead
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            per[i].append((time.perf_counter() - t0) / calls * 1e6)
     torch.cuda.synchronize()
-    return statistics.median(per)
+    return [statistics.median(p) for p in per]
 
 
-def _device_us_per_call(fn, calls: int, batches: int) -> float:
-    per = []
+def _device_us_per_call(fns, calls: int, batches: int) -> list:
+    """Median device time of one call of each of fns (back-to-back calls between two events),
+    batches alternating between the variants."""
+    per = [[] for _ in fns]
     for _ in range(batches):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(calls):
-            fn()
-        b.record()
-        b.synchronize()
-        per.append(a.elapsed_time(b) * 1e3 / calls)
-    return statistics.median(per)
+        for i, fn in enumerate(fns):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            for _ in range(calls):
+                fn()
+            b.record()
+            b.synchronize()
+            per[i].append(a.elapsed_time(b) * 1e3 / calls)
+    return [statistics.median(p) for p in per]
 
 
 @torch.no_grad()  # inference: with autograd recording, the modules would take torch's bf16 path
@@ -154,11 +161,12 @@ def overhead(calls: int, batches: int) -> list:
             for fn in variants.values():
                 fn()
             n_calls = calls if m == 1 else max(10, calls // 10)
-            c_host = _host_us_per_call(variants["c"], n_calls, batches)
-            c_dev = _device_us_per_call(variants["c"], n_calls, batches)
-            for kind, fn in variants.items():
-                host = c_host if kind == "c" else _host_us_per_call(fn, n_calls, batches)
-                dev = c_dev if kind == "c" else _device_us_per_call(fn, n_calls, batches)
+            kinds = list(variants)  # "c" first: the reference of the same run
+            hosts = dict(zip(kinds, _host_us_per_call([variants[k] for k in kinds], n_calls, batches)))
+            devs = dict(zip(kinds, _device_us_per_call([variants[k] for k in kinds], n_calls, batches)))
+            c_host, c_dev = hosts["c"], devs["c"]
+            for kind in kinds:
+                host, dev = hosts[kind], devs[kind]
                 rows.append(dict(op=name, m=m if name != "quantize_weight" else 6144, path=kind,
                                  host_us=round(host, 3), device_us=round(dev, 3),
                                  host_overhead_us=round(host - c_host, 3), device_overhead_us=round(dev - c_dev, 3)))

@@ -24,24 +24,11 @@ export NCCL_NVLS_ENABLE=0  # NVLink multicast stays off on shared machines
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(info tests verify bench layer harness sanitize)
 # profile: Nsight Compute on the GEMM (large-M tile and small-M swap-AB), clocks left alone.
-want() { local s; for s in "${steps[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
-log() { echo "[h200 $(date +%H:%M:%S)] $*" | tee -a "$R/run.log"; }
 # The whole run must end (and write its archive) within H200_BUDGET_S (a GPU machine's
 # command limit is typically 10 minutes).
 DEADLINE=$((SECONDS + ${H200_BUDGET_S:-540}))
-run() {  # run NAME TIMEOUT CMD...: output to $R/NAME.log, status to run.log
-  local name=$1 t=$2; shift 2
-  local left=$((DEADLINE - SECONDS - 15))
-  if [ "$left" -lt 20 ]; then log "skip $name: budget spent"; return 124; fi
-  [ "$t" -gt "$left" ] && t=$left
-  log "start $name: $*"
-  local t0=$SECONDS
-  timeout --kill-after=10 "$t" "$@" >"$R/$name.log" 2>&1
-  local rc=$?
-  log "end $name rc=$rc ($((SECONDS - t0)) s)"
-  tail -n 25 "$R/$name.log"
-  return $rc
-}
+STEP_TAG=h200
+source scripts/steps.sh
 
 # ---- builds that overlap the C++ build (CPU only; waited for before any GPU step) ----
 # python: the package (its own CMake build of the library, build-h200-python); deepgemm_ntail:

@@ -31,21 +31,9 @@ finish() {
   done
 }
 trap finish EXIT
-log() { echo "[accuracy $(date +%H:%M:%S)] $*" | tee -a "$R/run.log"; }
 DEADLINE=$((SECONDS + ${H200_BUDGET_S:-560}))
-run() {  # run NAME TIMEOUT CMD...: output to $R/NAME.log, status and wall time to run.log
-  local name=$1 t=$2; shift 2
-  local left=$((DEADLINE - SECONDS - 10))
-  if [ "$left" -lt 20 ]; then log "skip $name: budget spent"; return 124; fi
-  [ "$t" -gt "$left" ] && t=$left
-  log "start $name: $*"
-  local t0=$SECONDS
-  timeout --kill-after=10 "$t" "$@" >"$R/$name.log" 2>&1
-  local rc=$?
-  log "end $name rc=$rc ($((SECONDS - t0)) s wall)"
-  tail -n 30 "$R/$name.log"
-  return $rc
-}
+STEP_TAG=accuracy STEP_TAIL=30
+source scripts/steps.sh
 
 log "commit $(git rev-parse --short HEAD 2>/dev/null)$(git diff --quiet 2>/dev/null || echo -dirty)"
 # A carried wheel (.whl/fp8proj-*.whl, built with CUDA elsewhere) is installed when the package

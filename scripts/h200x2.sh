@@ -27,18 +27,8 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export FP8PROJ_NCCL_TIMEOUT_S="${FP8PROJ_NCCL_TIMEOUT_S:-120}"
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(info tests check envmode layer bench)
-want() { local s; for s in "${steps[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
-log() { echo "[h200x2 $(date +%H:%M:%S)] $*" | tee -a "$R/run.log"; }
-run() {  # run NAME TIMEOUT CMD...: output to $R/NAME.log, status to run.log
-  local name=$1 t=$2; shift 2
-  log "start $name: $*"
-  local t0=$SECONDS
-  timeout --kill-after=10 "$t" "$@" >"$R/$name.log" 2>&1
-  local rc=$?
-  log "end $name rc=$rc ($((SECONDS - t0)) s)"
-  tail -n 40 "$R/$name.log"
-  return $rc
-}
+STEP_TAG=h200x2 STEP_TAIL=40
+source scripts/steps.sh
 summarize() {
   [ -d "$R" ] || return 0
   {

@@ -37,17 +37,14 @@ pip_i='python3 -m pip install "$@" || python3 -m pip install --break-system-pack
 DG_NTAIL_SHAPES="2624,6144;2112,7168"
 bg=()
 if want python || want python_overhead; then
-  log "start python_install (background)"
   [ -d .whl ] && bash -c "$pip_i" _ --quiet --no-index --find-links .whl scikit-build-core pathspec packaging >/dev/null 2>&1
-  ( t0=$SECONDS; timeout 420 env CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" PATH="/usr/local/cuda/bin:$PATH" \
-      bash -c "$pip_i" _ --no-build-isolation --no-deps -C build-dir=build-h200-python . >"$R/python_install.log" 2>&1
-    rc=$?; log "end python_install rc=$rc ($((SECONDS - t0)) s)"; exit $rc ) &
+  run python_install 420 env CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" PATH="/usr/local/cuda/bin:$PATH" \
+    bash -c "$pip_i" _ --no-build-isolation --no-deps -C build-dir=build-h200-python . >/dev/null &
   bg+=($!)
 fi
 if want deepgemm_ntail && [ -f build-pack/deepgemm-src.txz ]; then
-  log "start deepgemm_prepare (background)"
-  ( t0=$SECONDS; PREPARE_ONLY=1 DG_SHAPES="$DG_NTAIL_SHAPES" OUT="$R/deepgemm" timeout 420 bash scripts/h200_deepgemm.sh \
-      >"$R/deepgemm_prepare.log" 2>&1; rc=$?; log "end deepgemm_prepare rc=$rc ($((SECONDS - t0)) s)"; exit $rc ) &
+  PREPARE_ONLY=1 DG_SHAPES="$DG_NTAIL_SHAPES" OUT="$R/deepgemm" run deepgemm_prepare 420 \
+    bash scripts/h200_deepgemm.sh >/dev/null &
   bg+=($!)
 fi
 

@@ -26,6 +26,13 @@ _SMALL = dict(
     tie_word_embeddings=False,
     torch_dtype="bfloat16",
     rms_norm_eps=1e-6,
+    # Both models' MoE routing and activations.
+    hidden_act="silu",
+    topk_method="noaux_tc",
+    scoring_func="sigmoid",
+    norm_topk_prob=True,
+    routed_scaling_factor=2.5,
+    attention_bias=False,
     rope_theta=10000.0,
     # DeepSeek-V3's own YaRN scaling; SGLang's CPU rotary embedding requires
     # one (GLM-5 has none; it changes no linear layer).
@@ -54,12 +61,6 @@ GLM5 = dict(
     index_n_heads=32,
     index_head_dim=128,
     index_topk=2048,
-    hidden_act="silu",
-    topk_method="noaux_tc",
-    scoring_func="sigmoid",
-    norm_topk_prob=True,
-    routed_scaling_factor=2.5,
-    attention_bias=False,
     mlp_layer_types=["dense", "sparse"],
 )
 
@@ -75,12 +76,6 @@ DEEPSEEK_V3 = dict(
     qk_nope_head_dim=128,
     qk_rope_head_dim=64,
     v_head_dim=128,
-    hidden_act="silu",
-    topk_method="noaux_tc",
-    scoring_func="sigmoid",
-    norm_topk_prob=True,
-    routed_scaling_factor=2.5,
-    attention_bias=False,
 )
 
 MODELS = {"glm5": GLM5, "deepseek_v3": DEEPSEEK_V3}

@@ -9,7 +9,7 @@
 #                                               harness correctness design sanitize profile python
 #                                               ntail layer_dense decode_policy layer_residual
 #                                               faults sanitize_all tune_dense deepgemm_ntail
-#                                               python_overhead
+#                                               python_overhead python_tests python_bench
 #                                               (default: info tests verify bench layer harness
 #                                               sanitize)
 # Each step has its own timeout so that one hang cannot eat the whole budget.
@@ -36,7 +36,7 @@ source scripts/steps.sh
 pip_i='python3 -m pip install "$@" || python3 -m pip install --break-system-packages "$@"'
 DG_NTAIL_SHAPES="2624,6144;2112,7168"
 bg=()
-if want python || want python_overhead; then
+if want python || want python_tests || want python_bench || want python_overhead; then
   [ -d .whl ] && bash -c "$pip_i" _ --quiet --no-index --find-links .whl scikit-build-core pathspec packaging >/dev/null 2>&1
   run python_install 420 env CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" PATH="/usr/local/cuda/bin:$PATH" \
     bash -c "$pip_i" _ --no-build-isolation --no-deps -C build-dir=build-h200-python . >/dev/null &
@@ -197,17 +197,15 @@ want profile && command -v ncu >/dev/null && [ -x "$BIN/sm90_fp8_gemm_harness" ]
 }
 
 # python: the package built from this tree with the machine's torch (offline: scikit-build-core,
-# pathspec and packaging travel as wheels in .whl/), its pytest suite with the GPU tests, and
-# python -m fp8proj.bench (per-call overhead; the transformers model, flag off vs on).
-want python && {
-  tail -n 5 "$R/python_install.log"
-  run python_tests 300 python3 -m pytest -q -rs python/tests
-  run python_bench 420 python3 -m fp8proj.bench --out "$R/python_bench"
-}
+# pathspec and packaging travel as wheels in .whl/), its pytest suite with the GPU tests
+# (python_tests), and python -m fp8proj.bench (python_bench: per-call overhead; the transformers
+# model, flag off vs on; PY_BENCH_ARGS adds its options, e.g. "--reps 15").
+{ want python || want python_tests || want python_bench || want python_overhead; } && tail -n 5 "$R/python_install.log"
+{ want python || want python_tests; } && run python_tests 300 python3 -m pytest -q -rs python/tests
+{ want python || want python_bench; } && run python_bench 420 python3 -m fp8proj.bench --out "$R/python_bench" ${PY_BENCH_ARGS:-}
 # python_overhead: the package's op-registration check (opcheck) and the per-call overhead part
 # of fp8proj.bench alone.
 want python_overhead && {
-  tail -n 5 "$R/python_install.log"
   run python_opcheck 200 python3 -m pytest -q -rs python/tests/test_gpu.py -k opcheck
   run python_overhead 200 python3 -m fp8proj.bench --out "$R/python_overhead" --parts overhead
 }

@@ -211,6 +211,23 @@ std::tuple<Tensor, Tensor> rmsnorm_quantize(Tensor x, Tensor weight, double eps)
   return quantize_rows("rmsnorm_quantize", x, &weight, eps);
 }
 
+// The load-time weight quantization (128x128 blocks): the same C call the modules make at
+// construction, so a model loader that quantizes through the op pays no Python frame per weight.
+std::tuple<Tensor, Tensor> quantize_weight(Tensor w) {
+  const char* op = "quantize_weight";
+  check_tensor(w, op, "w", dtype_bf16());
+  OP_CHECK(w.dim() == 2, op, "w must be 2-D [N, K], got " + std::to_string(w.dim()) + " dimensions");
+  const int64_t n = w.size(0), k = w.size(1);
+  const int32_t dev = w.get_device_index();
+  Tensor values = empty({n, k}, dtype_e4m3(), dev);
+  Tensor scales = empty({(n + 127) / 128, (k + 127) / 128}, dtype_f32(), dev);
+  if (n == 0 || k == 0) return {values, scales};
+  if (fp8proj_quantize_weight(w.data_ptr(), n, k, values.data_ptr(), static_cast<float*>(scales.data_ptr()),
+                              stream_of(dev)) != 0)
+    fail_c(op);
+  return {values, scales};
+}
+
 // fp8_gemm's plans, one per FP8 weight (values, scales, shape, device), made at the first call
 // for that weight (it allocates: not inside a graph capture) for up to max(8192, M) rows.
 struct PlanKey {
@@ -286,5 +303,6 @@ STABLE_TORCH_LIBRARY_IMPL(fp8proj, CUDA, m) {
   m.impl("rmsnorm_linear", TORCH_BOX(&rmsnorm_linear));
   m.impl("quantize_activation", TORCH_BOX(&quantize_activation));
   m.impl("rmsnorm_quantize", TORCH_BOX(&rmsnorm_quantize));
+  m.impl("quantize_weight", TORCH_BOX(&quantize_weight));
   m.impl("fp8_gemm", TORCH_BOX(&fp8_gemm));
 }

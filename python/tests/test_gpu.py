@@ -239,15 +239,16 @@ def test_empty_batch():
 
 
 def test_torch_kernels_loaded_where_built():
-    # A package built next to torch carries libfp8proj_torch.so: it must load and serve every op
-    # but quantize_weight (a load-time op, left in Python), not fall back silently.
+    # A package built next to torch carries libfp8proj_torch.so: it must load and serve every op,
+    # not fall back silently.
     from pathlib import Path
     if os.environ.get("FP8PROJ_TORCH_KERNELS") == "0":
         pytest.skip("FP8PROJ_TORCH_KERNELS=0: the Python implementations are asked for")
     if not Path(_lib.LIB.path).with_name("libfp8proj_torch.so").exists():
         pytest.skip("the package was built without torch: the ops use their Python implementations")
     assert ops.KERNELS, "libfp8proj_torch.so is there but did not load"
-    assert ops.CPP_OPS == {"quantize_activation", "rmsnorm_quantize", "fp8_gemm", "linear", "rmsnorm_linear"}
+    assert ops.CPP_OPS == {"quantize_activation", "rmsnorm_quantize", "quantize_weight", "fp8_gemm", "linear",
+                           "rmsnorm_linear"}
 
 
 def test_bad_device_inputs_raise():
@@ -319,8 +320,11 @@ def test_transformers_model_patched_end_to_end():
 def test_opcheck_every_op():
     # torch.library.opcheck: schema (no aliasing or mutation), fake impl against the real one
     # (shapes, strides, dtypes), AOT dispatch with static and dynamic shapes.
-    lin, mod = _fp8_linear()
+    from torch.testing._internal.optests.aot_autograd import aot_autograd_check
+    from torch.testing._internal.optests.fake_tensor import fake_check
+    from torch.testing._internal.optests.generate_tests import safe_schema_check
     from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3RMSNorm
+    lin, mod = _fp8_linear()
     norm = DeepseekV3RMSNorm(512).to(device="cuda", dtype=BF16)
     fused = Fp8ProjRMSNormLinear.from_modules(norm, nn.Linear(512, 1024, bias=False, dtype=BF16, device="cuda"),
                                               name="q_b", enabled=True, policy="all", threshold=0)
@@ -340,13 +344,22 @@ def test_opcheck_every_op():
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         fp8_io = any(t.dtype == torch.float8_e4m3fn for t in tensors) or "quantize" in str(op)
         projection = "linear" in str(op)
-        # opcheck's test_schema compares tensors with arithmetic that torch does not implement for
-        # float8_e4m3fn ("mul_cuda" not implemented), and it calls the op on copies of its
-        # arguments, which a projection op refuses (its weight must be the very tensor its
-        # handle was made from). For those ops the no-mutation half of it is checked here, byte
-        # for byte, instead.
         before = [t.clone() for t in tensors]
-        utils = ("test_faketensor", "test_aot_dispatch_static", "test_aot_dispatch_dynamic")
-        torch.library.opcheck(op, args, test_utils=utils if fp8_io or projection else ("test_schema",) + utils)
+        if projection:
+            # opcheck calls the op on copies of its arguments, which a projection op refuses (its
+            # weight must be the very tensor its handle was made from): the same checks opcheck
+            # runs, on the arguments themselves: the schema (no aliasing or mutation), the fake
+            # impl against the real one (shapes, strides, dtypes), AOT dispatch (static and dynamic
+            # shapes) against eager.
+            safe_schema_check(op, args, {}, copy_inputs=False)
+            fake_check(op, args, {})
+            for dynamic in (False, True):
+                aot_autograd_check(op, args, {}, dynamic, check_gradients=False)
+        else:
+            # opcheck's test_schema compares tensors with arithmetic that torch does not implement
+            # for float8_e4m3fn ("mul_cuda" not implemented); for those ops the no-mutation half of
+            # it is checked below, byte for byte, instead.
+            utils = ("test_faketensor", "test_aot_dispatch_static", "test_aot_dispatch_dynamic")
+            torch.library.opcheck(op, args, test_utils=utils if fp8_io else ("test_schema",) + utils)
         for b, t in zip(before, tensors):
             assert torch.equal(b.view(torch.uint8), t.view(torch.uint8)), f"{op} mutated an input"

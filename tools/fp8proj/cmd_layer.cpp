@@ -85,6 +85,38 @@ double attention_flops(const MlaConfig& c, int seqs, int len) {
   return 2.0 * c.local_heads() * seqs * (double(len) * (len + 1) / 2) * (c.qk_head_dim() + c.v_head_dim);
 }
 
+// Per-stage times of several blocks, interleaved run by run (as time_interleaved does for whole
+// calls): flag-off and flag-on stages see the same clock under the H200's power cap. Each stage
+// is the median over options.reps runs of that block, the total likewise.
+std::vector<MlaStageTimes> profile_stages_interleaved(
+    MemorySpace space, const std::vector<std::function<void(StreamHandle, const MlaStageHook&)>>& runs,
+    const TimingOptions& options) {
+  TimingOptions one = options;
+  one.reps = 1;
+  std::vector<std::vector<MlaStageTimes>> samples(runs.size());
+  for (int r = 0; r < std::max(1, options.reps); ++r) {
+    one.warmup = r == 0 ? options.warmup : 0;
+    for (size_t i = 0; i < runs.size(); ++i) samples[i].push_back(profile_stages(space, runs[i], one));
+  }
+  std::vector<MlaStageTimes> out(runs.size());
+  for (size_t i = 0; i < runs.size(); ++i) {
+    MlaStageTimes& o = out[i];
+    o.stages = samples[i].front().stages;
+    for (size_t k = 0; k < o.stages.size(); ++k) {
+      std::vector<double> d;
+      for (const MlaStageTimes& t : samples[i]) {
+        FP8PROJ_CHECK(t.stages == o.stages, "layer: the timed runs of one block took different stages");
+        d.push_back(t.us[k]);
+      }
+      o.us.push_back(summarize(std::move(d)).median_us);
+    }
+    std::vector<double> totals;
+    for (const MlaStageTimes& t : samples[i]) totals.push_back(t.total_us);
+    o.total_us = summarize(std::move(totals)).median_us;
+  }
+  return out;
+}
+
 std::string pct(double part, double whole) { return whole > 0 ? fmt::format("{:.1f}%", 100 * part / whole) : "-"; }
 
 void run_layer(const LayerArgs& a) {
@@ -227,8 +259,9 @@ void run_layer(const LayerArgs& a) {
             blk.prefill(x.data(), batch, y.data(), s, h);
         };
       };
-      r.off_stages = profile_stages(space, staged(off), sopt);
-      r.on_stages = profile_stages(space, staged(on), sopt);
+      const std::vector<MlaStageTimes> st = profile_stages_interleaved(space, {staged(off), staged(on)}, sopt);
+      r.off_stages = st[0];
+      r.on_stages = st[1];
       r.o_quant_us = time_or_host(
           space, [&](StreamHandle s) { ops.quantize_activation(attn.data(), T, cfg.o_in_dim(), ws_o.fp8(T, cfg.o_in_dim()), s); },
           topt);
@@ -315,7 +348,7 @@ void run_layer(const LayerArgs& a) {
       }
     }
 
-    fmt::print("\nprefill stages (ms; median per stage over {} runs, events between stages)\n", sopt.reps);
+    fmt::print("\nprefill stages (ms; median per stage over {} runs, flag off and on interleaved run by run, events between stages)\n", sopt.reps);
     const std::vector<MlaStage> shown = {MlaStage::qkv_a,      MlaStage::q_proj,    MlaStage::kv_norm,
                                          MlaStage::kv_b_proj,  MlaStage::rope_cache, MlaStage::attention,
                                          MlaStage::o_proj};

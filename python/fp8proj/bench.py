@@ -217,7 +217,8 @@ def model_bench(names, chunks, reps: int, warmup: int, layers: int,
         with torch.device("cuda"):  # random init on the GPU: seconds instead of minutes for ~1.4B parameters
             model = transformers.DeepseekV3ForCausalLM(cfg).to(dtype=BF16).eval()
         attns = [layer.self_attn for layer in model.model.layers]
-        before = [(a, attr, getattr(a, attr)) for a in attns for attr in ("q_a_layernorm",) + tuple(targets)]
+        before = [(a, attr, getattr(a, attr)) for a in attns for attr in ("q_a_layernorm",) + tuple(targets)
+                  if hasattr(a, attr)]  # ALL_TARGETS names q_proj too, absent with a q LoRA
         rows_ws = max_tokens or max(chunks) * 1024
         # policy prefill, the tuned table's gate; one shared workspace of rows_ws rows per kind
         report = patch(model, enabled=True, targets=tuple(targets), max_tokens=rows_ws)
@@ -324,7 +325,8 @@ def main(argv=None) -> int:
     ap.add_argument("--chunks", default="4,16,64", help="prefill batches of 1024 tokens")
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--targets", default="q_b_proj,o_proj",
-                    help="the attention's projections to patch, e.g. q_a_proj,q_b_proj,kv_a_proj_with_mqa,kv_b_proj,o_proj")
+                    help="the attention's projections to patch, comma-separated, or 'all' (every dense "
+                         "projection: q_a_proj,q_b_proj,kv_a_proj_with_mqa,kv_b_proj,o_proj)")
     ap.add_argument("--max-tokens", type=int, default=0,
                     help="the patched modules' workspace rows (larger prefills run in chunks); "
                          "default: the largest prefill of --chunks")
@@ -348,8 +350,10 @@ def main(argv=None) -> int:
                 tune_file=os.environ.get("FP8PROJ_TUNE_FILE", ""))
     ov = overhead(a.calls, a.batches) if "overhead" in parts else []
     _write(Path(a.out), ov, [], meta)
+    from fp8proj.integrations.transformers import ALL_TARGETS
+    targets = ALL_TARGETS if a.targets == "all" else tuple(a.targets.split(","))
     md = model_bench(a.models.split(","), [int(c) for c in a.chunks.split(",")], a.reps, a.warmup,
-                     a.layers, a.targets.split(","), a.max_tokens) if "model" in parts else []
+                     a.layers, targets, a.max_tokens) if "model" in parts else []
     _write(Path(a.out), ov, md, meta)
     print(f"wrote {a.out}/results.md")
     return 0

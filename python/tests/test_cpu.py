@@ -316,6 +316,29 @@ def test_transformers_patch_deepseek_v3():
         assert torch.equal(model(ids).logits, ref)
 
 
+def test_transformers_patch_all_targets():
+    from fp8proj.integrations.transformers import ALL_TARGETS, patch, unpatch
+    model = _tiny_model()
+    ids = torch.randint(0, 256, (2, 12))
+    with torch.no_grad():
+        ref = model(ids).logits
+    report = patch(model, targets=ALL_TARGETS)
+    kinds = ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj")
+    assert sorted(report.patched) == sorted(f"model.layers.{i}.self_attn.{t}" for i in range(2) for t in kinds)
+    assert report.skipped == []  # q_proj, absent where there is a q LoRA, is not a skip
+    attn = model.model.layers[0].self_attn
+    assert all(isinstance(getattr(attn, t), (Fp8ProjLinear, Fp8ProjRMSNormLinear)) for t in kinds)
+    if not HAVE_GPU:
+        with torch.no_grad():
+            assert torch.equal(model(ids).logits, ref)
+    unpatch(model)
+    assert all(type(getattr(attn, t)) is nn.Linear for t in kinds)
+    with pytest.raises(TypeError, match="sequence of names"):
+        patch(model, targets="q_b_proj")  # a string would be read as its letters
+    with pytest.raises(ValueError, match="unknown targets"):
+        patch(model, targets=("q_b_proj", "k_proj"))
+
+
 def test_transformers_patch_q_lora_none():
     from fp8proj.integrations.transformers import patch
     model = _tiny_model(q_lora_rank=None)

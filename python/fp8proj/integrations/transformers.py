@@ -34,6 +34,10 @@ from ..torch import Fp8ProjLinear, Fp8ProjRMSNormLinear, Workspace
 __all__ = ["patch", "unpatch", "PatchReport", "find_mla_attention"]
 
 MLA_ATTRIBUTES = ("q_a_proj", "q_a_layernorm", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj")
+# What patch() replaces by default (q_a_layernorm fused into q_b_proj where the forward allows),
+# and every dense projection of the attention (q_proj where there is no q LoRA).
+DEFAULT_TARGETS = ("q_b_proj", "o_proj")
+ALL_TARGETS = ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj", "q_proj")
 _ORIGINALS = "_fp8proj_originals"
 _FUSED_CALL = re.compile(r"self\.q_b_proj\(\s*self\.q_a_layernorm\(\s*self\.q_a_proj\(")
 
@@ -107,14 +111,16 @@ def _linear_skip_reason(lin: Optional[nn.Module]) -> str:
 
 
 def patch(model: nn.Module, *, enabled: Optional[bool] = True, policy: str = "prefill",
-          targets: Sequence[str] = ("q_b_proj", "o_proj"), fuse_norm: bool = True, share_workspace: bool = True,
+          targets: Sequence[str] = DEFAULT_TARGETS, fuse_norm: bool = True, share_workspace: bool = True,
           **layer_opts) -> PatchReport:
     """Replace `targets` of every MLA attention module of `model` in place (see the module doc).
     layer_opts: threshold, decode_ceiling, max_tokens, fp8_backend (as for Fp8ProjLinear). The
     FP8PROJ_* knobs override enabled/policy/threshold as in C++. Patch again after moving the
     model to another device only if it was patched on the CPU: modules rebuild their FP8 copies
     on .to()/.cuda() themselves."""
-    unknown = set(targets) - {"q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj", "q_proj"}
+    if isinstance(targets, str):
+        raise TypeError(f"fp8proj: targets must be a sequence of names (e.g. ALL_TARGETS), got the string {targets!r}")
+    unknown = set(targets) - set(ALL_TARGETS)
     if unknown:
         raise ValueError(f"fp8proj: unknown targets {sorted(unknown)}")
     report = PatchReport()

@@ -5,9 +5,11 @@ the real TP1 shapes: GLM-5 q_b_proj 16384x2048, o_proj 6144x16384; DeepSeek-V3
 24576x1536 and 7168x16384); depth, experts, MLP widths and vocabulary are cut
 so that a model definition with dummy weights fits a CPU in a few GB.
 Two decoder layers: layer 0 dense, layer 1 MoE (first_k_dense_replace = 1).
+Also the log capture both engine drivers attach to the plugin's logger.
 """
 
 import json
+import logging
 import os
 
 _SMALL = dict(
@@ -104,3 +106,14 @@ def expected_tagged_names(name: str) -> dict:
         for i in range(cfg["num_hidden_layers"])
         for proj, shape in EXPECTED_TAGGED[name].items()
     }
+
+
+class LogCapture(logging.Handler):
+    """Keeps the messages of the records it is given (INFO and above)."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.lines = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())

@@ -54,15 +54,6 @@ def _has_module(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
 
-class _Capture(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.INFO)
-        self.lines = []
-
-    def emit(self, record):
-        self.lines.append(record.getMessage())
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -75,7 +66,7 @@ def main():
     ap.add_argument("out")
     args = ap.parse_args()
 
-    cap = _Capture()
+    cap = models.LogCapture()
     for name in ("fp8proj", "sglang.srt.plugins"):
         logging.getLogger(name).addHandler(cap)
         logging.getLogger(name).setLevel(logging.INFO)

@@ -24,15 +24,6 @@ import models  # noqa: E402
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
 
-class _Capture(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.INFO)
-        self.lines = []
-
-    def emit(self, record):
-        self.lines.append(record.getMessage())
-
-
 def _cpu_stand_ins() -> list:
     """Two stand-ins for what the PyPI (CUDA) wheel of vLLM cannot do on a
     CPU, neither of them in code the plugin touches:
@@ -80,7 +71,7 @@ def main():
     ap.add_argument("--quantization", default=None)
     args = ap.parse_args()
 
-    cap = _Capture()
+    cap = models.LogCapture()
     logging.getLogger("fp8proj").addHandler(cap)
     logging.getLogger("fp8proj").setLevel(logging.INFO)
 

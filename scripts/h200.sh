@@ -5,8 +5,9 @@
 # Results: $OUT/results.tgz (logs, CSV/JSON) and $OUT/run.log ($OUT defaults to ./h200-out;
 # everything but the step log travels inside the archive). scripts/README.md has the workflow.
 #
-#   bash scripts/h200.sh [step ...]      steps: info tests verify bench layer tune check
-#                                               harness correctness design sanitize profile python
+#   bash scripts/h200.sh [step ...]      steps: info tests tests3 verify bench layer tune check
+#                                               check_loop harness correctness design sanitize
+#                                               sanitize_matrix profile python
 #                                               ntail layer_dense decode_policy layer_residual
 #                                               faults sanitize_all tune_dense deepgemm_ntail
 #                                               python_overhead python_tests python_bench
@@ -159,6 +160,24 @@ want verify && run verify 180 "$FP8" verify --case 1x256x384 --case 17x384x256 -
   --case 129x6144x2048 --case 1000x4096x2048 --case 4097x2048x1536 --case 33x2624x6144 --case 300x2112x7168 \
   --case 5x576x512
 want check && run gatecheck 300 "$FP8" tune --check "$TABLE" --csv "$R/gatecheck.csv"
+# check_loop: CHECK_RUNS (10) back-to-back `tune --check` processes of the shipped table at the M
+# values of the intermittent-fault report (docs/robustness.md), each its own process; a run that
+# exits with a CUDA error counts as a fault (its log is kept), a timing verdict does not.
+want check_loop && {
+  faults=0
+  for i in $(seq 1 "${CHECK_RUNS:-10}"); do
+    run "check_loop_$i" 120 "$FP8" tune --check "$TABLE" --check-m 3,37,333,777,1111,2222,5555,9999 --no-fail \
+      --csv "$R/check_loop_$i.csv" >/dev/null
+    rc=$?
+    grep -q "CUDA error" "$R/check_loop_$i.log" && faults=$((faults + 1))
+    [ $rc -ne 0 ] && log "check_loop_$i rc=$rc"
+  done
+  log "check_loop: ${CHECK_RUNS:-10} back-to-back tune --check runs, $faults with a CUDA error"
+}
+# tests3: the GPU tests three times in a row (each a fresh process).
+want tests3 && for i in 1 2 3; do
+  run "gpu_tests_$i" 300 "$BIN/fp8proj_gpu_tests" --gtest_brief=1 --gtest_output="xml:$R/gpu_tests_$i.xml" >/dev/null
+done
 want check && {  # a corrupt and a mismatched table are rejected with one line; the layer still works
   echo '{not json' >"$R/bad.json"
   python3 -c "import json,sys;t=json.load(open(sys.argv[1]));t['stamp']['gpu_name']='NVIDIA H100 80GB HBM3';json.dump(t,open(sys.argv[2],'w'))" \
@@ -184,6 +203,14 @@ want sanitize && command -v compute-sanitizer >/dev/null && {
       --no-timing --mnk 100,640,384 --mnk 1000,2048,1024 --mnk 2304,4096,256
   }
 }
+# sanitize_matrix: racecheck, synccheck, initcheck and memcheck over every configuration of the
+# GEMM family forced one at a time (full and partial last tiles, N tails, K = 512, the per-K
+# kernels, clusters with a spare tile, carrying kernels, split-K) and over the other kernels'
+# GPU tests: scripts/sanitize_matrix.py, matrix.md / matrix.csv under results/sanitize_matrix/.
+want sanitize_matrix && command -v compute-sanitizer >/dev/null && [ -x "$BIN/sm90_fp8_gemm_harness" ] && \
+  run sanitize_matrix "${SANITIZE_MATRIX_S:-480}" python3 scripts/sanitize_matrix.py --harness "$BIN/sm90_fp8_gemm_harness" \
+    --gpu-tests "$BIN/fp8proj_gpu_tests" --out "$R/sanitize_matrix" --jobs "${SANITIZE_JOBS:-12}" \
+    --timeout "${SANITIZE_MATRIX_S:-480}"
 # faults: the layer and the C ABI under tuned-table faults (tests/gpu/test_faults.py).
 want faults && [ -x "$BIN/fp8proj_fault_probe_layer" ] && \
   run faults 240 python3 tests/gpu/test_faults.py "$BIN/fp8proj_fault_probe_layer" "$BIN/fp8proj_fault_probe_capi"

@@ -28,7 +28,7 @@
 // and from a pre-tiled copy of the weight (each 16 KB block contiguous, one bulk copy each).
 // Exit: 0 all passed, 1 a failure, 77 no (sm_90) GPU.
 // Usage: sm90_fp8_gemm_harness [--quick] [--no-timing] [--config NAME[,NAME...]] [--mnk M,N,K]
-//                              [--shapes all|design|correctness] [--reps N] [--floor]
+//                              [--shapes all|design|correctness] [--reps N] [--floor] [--list-configs]
 //   default (all): the 16 target N x K shapes at M in {1,16,64,128,256,512,1024,4096,8192,32768}.
 //   design: the reference table's points (docs/design.md), 6 shapes x M in {16,...,32768}
 //   (66 problems; ~1-2 min on an H200 with --reps 15).
@@ -538,6 +538,10 @@ int main(int argc, char** argv) {
       opt.timing = false;
     } else if (s == "--floor") {
       opt.floor = true;
+    } else if (s == "--list-configs") {
+      // The compiled family, one name per line (scripts/sanitize_matrix.py forces each in turn).
+      for (const Config& c : kernel_family()) std::printf("%s\n", c.name().c_str());
+      return 0;
     } else if (s == "--no-timing") {
       opt.timing = false;
     } else if (s == "--reps" && i + 1 < argc) {
@@ -560,7 +564,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: %s [--quick] [--no-timing] [--config NAME[,NAME...]] [--mnk M,N,K]... [--shapes all|design|correctness] "
-                   "[--reps N] [--floor]\n",
+                   "[--reps N] [--floor] [--list-configs]\n",
                    argv[0]);
       return 2;
     }

@@ -60,7 +60,9 @@ std::string int_problem(std::string_view text, std::string_view what, int64_t lo
   std::ostringstream os;
   os << what << "=" << quote_excerpt(text) << " is not " << range_text(lo, hi);
   if (!v) {
-    const bool digits = !text.empty() && text.find_first_not_of("-0123456789") == std::string_view::npos;
+    // Only a well-formed integer can fail by size: an optional leading '-' and at least one digit.
+    const std::string_view body = !text.empty() && text.front() == '-' ? text.substr(1) : text;
+    const bool digits = !body.empty() && body.find_first_not_of("0123456789") == std::string_view::npos;
     os << (digits ? " (outside the 64-bit range)" : " (decimal digits only, no sign but '-', no fraction)");
   }
   return os.str();

@@ -229,6 +229,10 @@ TEST(Hostile, OneStrictNumberRule) {
                           "true", "--1", "1-"})
     EXPECT_ERROR_HAS(parse_int(bad, "--knob"), "--knob=") << bad;
   EXPECT_ERROR_HAS(parse_int("4294967297", "--tp", 1, 1024), "[1, 1024]");
+  // Only a well-formed integer is called too large; "-", "1-2-3" and "--1" are malformed.
+  EXPECT_ERROR_HAS(parse_int("-99999999999999999999", "x"), "64-bit range");
+  for (const char* malformed : {"-", "1-2-3", "--1", "-1-"})
+    EXPECT_ERROR_HAS(parse_int(malformed, "x"), "decimal digits only") << malformed;
   EXPECT_ERROR_HAS(parse_int("-1", "--reps", 1, 100), "--reps");
   EXPECT_EQ(parse_number("3.5", "x", 0, 100), 3.5);
   EXPECT_EQ(parse_number("1e2", "x", 0, 100), 100);

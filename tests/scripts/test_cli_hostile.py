@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """The fp8proj CLI against hostile arguments, environment values and files (docs/robustness.md,
-classes 2, 4, 5, 6, 7): every case must end within its time limit with the expected exit status
-and a message naming the problem; a signal, a hang or a silent success is a failure.
+classes 2, 4, 5, 6, 7, and the CLI rules 8-12 below): every case must end within its time limit
+with the expected exit status and a message naming the problem; a signal, a hang or a silent
+success is a failure. A case marked quiet must fail before printing anything to stdout.
 
 Usage: test_cli_hostile.py FP8PROJ_BINARY [--table-only]
 """
+import concurrent.futures
 import os
 import subprocess
 import sys
@@ -75,7 +77,132 @@ def cases(tmp):
         ("m_range_max", ["explain", "--shape", "256x256", "--m", f"1-{2**31}"], {}, True, "M=2147483648"),
         ("tune_margin_ok", ["tune", "--cpu", "--margin", "0", "--max-m", "8", "--dry-run"], {}, True, "plan:"),
     ]
+    one = ["--case", "1x128x128"]  # verify's smallest case
+    tiny = ["--shape", "128x128", "--m", "1", "--reps", "1"]  # bench's
+    # 8. An option given empty is an error naming it, never "use the default" -- in every form
+    # (an empty or blank argument, --opt=, an empty list entry) and every subcommand.
+    for cmd, opt in [(["bench", "--cpu"], "--m"), (["bench", "--cpu"], "--tp"), (["bench", "--cpu"], "--model"),
+                     (["bench", "--cpu"], "--shape"), (["bench", "--cpu"], "--csv"), (["explain"], "--m"),
+                     (["explain"], "--model"), (["explain"], "--shape"), (["verify"], "--case"),
+                     (["verify"], "--seed"), (["verify"], "--checkpoint"), (["verify"], "--layers"),
+                     (["tune", "--cpu", "--dry-run"], "--model"), (["tune", "--cpu", "--dry-run"], "--tp"),
+                     (["tune", "--cpu", "--dry-run"], "--shape"), (["tune", "--cpu", "--dry-run"], "--out"),
+                     (["tune", "--cpu"], "--check"), (["tune"], "--from"),
+                     (["tune", "--cpu", "--check", nostamp], "--check-m"),
+                     (["layer", "--cpu"], "--seqs"), (["layer", "--cpu"], "--tp"), (["layer", "--cpu"], "--model"),
+                     (["tp", "explain", "--cpu"], "--tp"), (["tp", "explain", "--cpu"], "--model"),
+                     (["tp", "check"], "--what")]:
+        label = "_".join(c.strip("-") for c in cmd[:2]) + "_" + opt.strip("-").replace("-", "_")
+        out.append((f"empty_{label}", cmd + [opt, ""], {}, False, opt, {"quiet": True}))
+    out += [
+        ("empty_assign", ["bench", "--cpu", "--m=", "--reps", "1"], {}, False, "--m", {"quiet": True}),
+        ("empty_blank", ["explain", "--m", "  "], {}, False, "--m", {"quiet": True}),
+        ("empty_list_comma", ["explain", "--model", ","], {}, False, "--model", {"quiet": True}),
+        ("empty_list_entry", ["explain", "--model", "glm5,,deepseek-v3"], {}, False, "--model", {"quiet": True}),
+        ("empty_list_trailing", ["explain", "--m", "1,"], {}, False, "--m", {"quiet": True}),
+        ("empty_case_entry", ["verify", "--case", "1x128x128,"], {}, False, "--case", {"quiet": True}),
+        ("list_too_long", ["explain", "--m", ",".join(str(i) for i in range(1, 5000))], {}, False, "4096 entries"),
+        # 9. Seeds: the one integer rule, 0 .. 2^63-1; nothing wrapped, truncated or read as hex.
+        ("seed_negative", ["verify", "--seed", "-1"] + one, {}, False, "--seed", {"quiet": True}),
+        ("seed_2_64", ["verify", "--seed", str(2**64)] + one, {}, False, "--seed", {"quiet": True}),
+        ("seed_2_63", ["verify", "--seed", str(2**63)] + one, {}, False, "--seed", {"quiet": True}),
+        ("seed_hex", ["verify", "--seed", "0x10"] + one, {}, False, "--seed", {"quiet": True}),
+        ("seed_fraction", ["verify", "--seed", "1.5"] + one, {}, False, "--seed", {"quiet": True}),
+        ("seed_twice", ["verify", "--seed", "1", "--seed", "2"] + one, {}, False, "--seed", {"quiet": True}),
+        ("seed_max", ["verify", "--seed", str(2**63 - 1)] + one, {}, True, "meet the numerics contract"),
+        # CLI11 converts with strtoll(.., 0): "010" must still be ten, not octal eight.
+        ("reps_leading_zero", ["bench", "--cpu", "--reps", "010"] + tiny[:4], {}, True, "median of 10 calls"),
+        # 10. tune --budget: a positive, finite number of seconds; it sets --reps, so not both.
+        ("budget_zero", ["tune", "--cpu", "--budget", "0", "--dry-run"], {}, False, "--budget", {"quiet": True}),
+        ("budget_negative", ["tune", "--cpu", "--budget", "-5", "--dry-run"], {}, False, "--budget", {"quiet": True}),
+        ("budget_nan", ["tune", "--cpu", "--budget", "nan", "--dry-run"], {}, False, "--budget", {"quiet": True}),
+        ("budget_inf", ["tune", "--cpu", "--budget", "inf", "--dry-run"], {}, False, "--budget", {"quiet": True}),
+        ("budget_and_reps", ["tune", "--cpu", "--budget", "10", "--reps", "3", "--dry-run"], {}, False, "--budget",
+         {"quiet": True}),
+        # 11. Shapes the kernels cannot take, and every other bad argument: refused before any
+        # output (no banner, no table header), by the project's FP8 rule (fp8_block_shape_reason).
+        ("case_k_unaligned", ["verify", "--case", "1x1x1"], {}, False, "K=1 is not a multiple of 128", {"quiet": True}),
+        ("case_n_unaligned", ["verify", "--case", "1x100x128"], {}, False, "N=100 is not a multiple of 16",
+         {"quiet": True}),
+        ("case_second_bad", ["verify", "--case", "1x128x128", "--case", "4x128x64"], {}, False, "K=64",
+         {"quiet": True}),
+        ("case_m_zero", ["verify", "--case", "0x128x128"], {}, False, "--case M", {"quiet": True}),
+        ("case_too_much_work", ["verify", "--case", "65536x65536x65536"], {}, False, "too large", {"quiet": True}),
+        ("tune_shape_unaligned", ["tune", "--cpu", "--shape", "1x1", "--dry-run"], {}, False,
+         "K=1 is not a multiple of 128", {"quiet": True}),
+        ("tune_shape_second_bad", ["tune", "--cpu", "--shape", "256x256,100x128", "--dry-run"], {}, False, "N=100",
+         {"quiet": True}),
+        ("bench_shape_second_bad", ["bench", "--cpu", "--shape", "128x128,12x"] + tiny[2:], {}, False, "--shape K",
+         {"quiet": True}),
+        ("bench_tp_not_dividing", ["bench", "--cpu", "--model", "glm5", "--tp", "3", "--m", "1"], {}, False, "--tp 3",
+         {"quiet": True}),
+        ("explain_tp_not_dividing", ["explain", "--model", "glm5", "--tp", "1,3"], {}, False, "--tp 3",
+         {"quiet": True}),
+        ("layer_tp_not_dividing", ["layer", "--cpu", "--tp", "3"], {}, False, "--tp 3", {"quiet": True}),
+        ("tp_explain_tp_not_dividing", ["tp", "explain", "--cpu", "--tp", "3"], {}, False, "--tp 3", {"quiet": True}),
+        ("model_unknown", ["bench", "--cpu", "--model", "glm6", "--m", "1"], {}, False, "--model: unknown model",
+         {"quiet": True}),
+        ("layer_two_models", ["layer", "--cpu", "--model", "glm5,deepseek-v3"], {}, False, "--model", {"quiet": True}),
+        ("tp_check_what_unknown", ["tp", "check", "--what", "xprojx"], {}, False, "--what", {"quiet": True}),
+        ("bench_csv_no_folder", ["bench", "--cpu", "--csv", os.path.join(tmp, "no", "x.csv")] + tiny, {}, False,
+         "does not exist", {"quiet": True}),
+        ("bench_json_folder", ["bench", "--cpu", "--json", tmp] + tiny, {}, False, "is a folder", {"quiet": True}),
+        ("tune_out_csv_same", ["tune", "--cpu", "--max-m", "8", "--out", os.path.join(tmp, "t.json"), "--csv",
+                               os.path.join(tmp, "t.json")], {}, False, "name the same file", {"quiet": True}),
+        ("tune_from_md_same", ["tune", "--from", nostamp, "--md", nostamp], {}, False, "name the same file",
+         {"quiet": True}),
+        ("check_csv_is_table", ["tune", "--cpu", "--check", nostamp, "--csv", nostamp], {}, False, "name the same file",
+         {"quiet": True}),
+        # 12. Options that do not apply are errors, not ignored.
+        ("explain_shape_and_model", ["explain", "--shape", "256x256", "--model", "glm5"], {}, False, "excludes"),
+        ("tune_check_and_max_m", ["tune", "--check", nostamp, "--max-m", "8"], {}, False, "excludes"),
+        ("tune_check_m_alone", ["tune", "--cpu", "--dry-run", "--check-m", "1"], {}, False, "requires --check"),
+        ("tune_from_and_cpu", ["tune", "--from", nostamp, "--cpu"], {}, False, "excludes"),
+        ("verify_m_alone", ["verify", "--m", "5"], {}, False, "requires --checkpoint"),
+        ("tune_tp_without_model", ["tune", "--cpu", "--dry-run", "--tp", "1"], {}, False, "--tp", {"quiet": True}),
+        ("m_twice", ["explain", "--m", "1", "--m", "2"], {}, False, "--m"),
+        # Duplicates are dropped (the first kept): one block per shape, one line per M.
+        ("duplicates_dropped", ["explain", "--shape", "256x256,256x256", "--shape", "256x256", "--m", "1,1"], {}, True,
+         "M=1:", {"count": ("M=1:", 1)}),
+    ]
     return out
+
+
+def run_case(binary, tmp, case):
+    """(name, problems, rc, last line of output) of one case."""
+    name, argv, env, ok, text, *extra = case
+    extra = extra[0] if extra else {}
+    e = dict(os.environ)
+    for k in list(e):
+        if k.startswith("FP8PROJ_") or k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+            del e[k]
+    e.update(env)
+    try:
+        p = subprocess.run([binary] + argv, env=e, capture_output=True, text=True, errors="replace", timeout=60,
+                           cwd=tmp)
+    except subprocess.TimeoutExpired:
+        return name, ["HANG (no exit within 60 s)"], "-", ""
+    both = p.stdout + p.stderr
+    problems = []
+    if p.returncode < 0:
+        problems.append(f"killed by signal {-p.returncode}")
+    elif ok and p.returncode != 0:
+        problems.append(f"exit {p.returncode}, expected 0")
+    elif not ok and p.returncode == 0:
+        problems.append("exit 0, expected an error")
+    if text not in both:
+        problems.append(f"output lacks {text!r}")
+    if extra.get("quiet") and p.stdout.strip():
+        problems.append("printed before failing (the error must come before any output)")
+    if "count" in extra and both.count(extra["count"][0]) != extra["count"][1]:
+        problems.append(f"{both.count(extra['count'][0])} x {extra['count'][0]!r}, expected {extra['count'][1]}")
+    if name.startswith("table_") and both.count("using defaults") != 1:
+        problems.append(f"{both.count('using defaults')} 'using defaults' lines, expected one")
+    if "Sanitizer" in both or "runtime error:" in both:
+        problems.append("sanitizer report")
+    if problems:
+        problems[-1] += f"\n    {both[-600:]}"
+    return name, problems, p.returncode, both.strip().splitlines()[-1][:150] if both.strip() else ""
 
 
 def main():
@@ -83,36 +210,14 @@ def main():
     failures = []
     with tempfile.TemporaryDirectory() as tmp:
         all_cases = cases(tmp)
-        for name, argv, env, ok, text in all_cases:
-            e = dict(os.environ)
-            for k in list(e):
-                if k.startswith("FP8PROJ_") or k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
-                    del e[k]
-            e.update(env)
-            try:
-                p = subprocess.run([binary] + argv, env=e, capture_output=True, text=True, errors="replace",
-                                   timeout=60, cwd=tmp)
-            except subprocess.TimeoutExpired:
-                failures.append(f"{name}: HANG (no exit within 60 s)")
-                continue
-            both = p.stdout + p.stderr
-            problems = []
-            if p.returncode < 0:
-                problems.append(f"killed by signal {-p.returncode}")
-            elif ok and p.returncode != 0:
-                problems.append(f"exit {p.returncode}, expected 0")
-            elif not ok and p.returncode == 0:
-                problems.append("exit 0, expected an error")
-            if text not in both:
-                problems.append(f"output lacks {text!r}")
-            if name.startswith("table_") and both.count("using defaults") != 1:
-                problems.append(f"{both.count('using defaults')} 'using defaults' lines, expected one")
-            if "Sanitizer" in both or "runtime error:" in both:
-                problems.append("sanitizer report")
-            status = "ok  " if not problems else "FAIL"
-            print(f"{status} {name:<28} rc={p.returncode:<3} {both.strip().splitlines()[-1][:150] if both.strip() else ''}")
+        # Each case is its own process (~0.2 s, most of it loading the CUDA libraries): run a few
+        # at once. No case writes a file another reads.
+        with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+            results = list(pool.map(lambda c: run_case(binary, tmp, c), all_cases))
+        for name, problems, rc, last in results:
+            print(f"{'ok  ' if not problems else 'FAIL'} {name:<28} rc={rc:<3} {last}")
             if problems:
-                failures.append(f"{name}: {'; '.join(problems)}\n    {both[-600:]}")
+                failures.append(f"{name}: {'; '.join(problems)}")
     print(f"\n{len(all_cases) - len(failures)} of {len(all_cases)} cases as expected")
     for f in failures:
         print("FAIL", f)

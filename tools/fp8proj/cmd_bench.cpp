@@ -42,20 +42,27 @@ double tflops(int64_t m, int64_t n, int64_t k, double us) { return 2.0 * m * n *
 void run_bench(const BenchArgs& a) {
   const MemorySpace space = choose_space(a.cpu);
   const bool gpu = space == MemorySpace::device;
-  fmt::print("fp8proj bench -- {}\n", space_banner(space));
-
+  // Every argument resolved before anything prints: a bad one fails before any work. An option
+  // left out has its default; one given empty was refused by the parser (refuse_blank_values).
+  // Any N x K runs: bf16 takes every shape, and a shape outside the FP8 rule
+  // (fp8_block_shape_reason) is measured in bf16 with the rule's reason printed.
   std::vector<ProjectionShape> shapes;
-  for (const auto& s : a.shapes) shapes.push_back(parse_shape(s));
-  if (shapes.empty()) {
-    std::vector<std::string> models = a.models;
-    if (models.empty()) models = gpu ? std::vector<std::string>{"glm5", "deepseek-v3"} : std::vector<std::string>{"glm5"};
-    const std::string tp = !a.tp.empty() ? a.tp : (gpu ? "1,4" : "8");
+  if (!a.shapes.empty()) {
+    shapes = parse_shapes(a.shapes);
+  } else {
+    const std::vector<std::string> models =
+        !a.models.empty() ? parse_models(a.models)
+                          : (gpu ? std::vector<std::string>{"glm5", "deepseek-v3"} : std::vector<std::string>{"glm5"});
+    const std::vector<int> tps = parse_int_list(!a.tp.empty() ? a.tp : (gpu ? "1,4" : "8"));
+    check_tp_sizes(models, tps);
     for (const auto& model : models)
-      for (int t : parse_int_list(tp))
+      for (int t : tps)
         for (auto& s : projection_shapes(model, t)) shapes.push_back(s);
   }
   const std::vector<int64_t> ms =
       parse_m_list(!a.m.empty() ? a.m : (gpu ? "1,16,64,128,256,512,1024,2048,4096,8192,16384,32768" : "1,16,128,1024"));
+  check_outputs({{"--csv", a.csv}, {"--json", a.json}});
+  fmt::print("fp8proj bench -- {}\n", space_banner(space));
   TimingOptions topt;
   topt.reps = a.reps > 0 ? a.reps : (gpu ? 45 : 3);
   topt.warmup = gpu ? 5 : 1;
@@ -167,17 +174,17 @@ void run_bench(const BenchArgs& a) {
 void register_bench(CLI::App& app) {
   auto args = std::make_shared<BenchArgs>();
   auto* cmd = app.add_subcommand("bench", "bf16 vs FP8 per M for the model shapes (GPU if present, else CPU)");
-  cmd->add_option("--model", args->models, "Model(s): glm5, deepseek-v3, deepseek-v2-lite (GPU default: glm5 "
-                                           "deepseek-v3; CPU default: glm5)")
-      ->delimiter(',');
-  cmd->add_option("--tp", args->tp, "Tensor-parallel size(s), e.g. 1,4 (GPU default 1,4; CPU default 8)");
+  auto* model = cmd->add_option("--model", args->models,
+                                "Model(s): glm5, deepseek-v3, deepseek-v2-lite (GPU default: glm5,deepseek-v3; CPU "
+                                "default: glm5)");
+  auto* tp = cmd->add_option("--tp", args->tp, "Tensor-parallel size(s), e.g. 1,4 (GPU default 1,4; CPU default 8)");
   cmd->add_option("--m", args->m, "Token counts: '1,16,64' or '1-32768' (powers of two)");
-  cmd->add_option("--shape", args->shapes, "Explicit NxK shape(s) instead of models")->delimiter(',');
+  cmd->add_option("--shape", args->shapes, "Explicit NxK shape(s) instead of models")->excludes(model)->excludes(tp);
   cmd->add_option("--policy", args->policy, "Gate policy for the 'gated' column: prefill or all")
       ->check(CLI::IsMember({"prefill", "all"}))
       ->capture_default_str();
-  cmd->add_option("--reps", args->reps, "Timed repetitions (GPU default 30, CPU 3)")
-      ->check(int_in(1, kMaxCliReps));
+  cmd->add_option("--reps", args->reps, "Timed repetitions (GPU default 45, CPU 3)")
+      ->transform(int_in(1, kMaxCliReps));
   cmd->add_flag("--no-flush", args->no_flush, "Do not flush L2 before timed calls (flatters bf16 at small M)");
   cmd->add_flag("--cpu", args->cpu, "Use the CPU reference even if a GPU is present");
   cmd->add_option("--csv", args->csv, "Write the rows as CSV");

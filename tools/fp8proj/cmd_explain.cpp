@@ -14,7 +14,7 @@ struct ExplainArgs {
   std::vector<std::string> models = {"glm5"};
   std::string tp = "1";
   std::string m = "1,64,512,513,4096,32768";
-  std::string shape;
+  std::vector<std::string> shapes;
   bool fp8 = false;
   std::string policy;
   bool cpu = false;
@@ -22,16 +22,21 @@ struct ExplainArgs {
 
 void run_explain(const ExplainArgs& a) {
   const MemorySpace space = choose_space(a.cpu);
-  fmt::print("{}\n", space_banner(space));
+  // Every argument resolved before anything prints. Any N x K is explained: one outside the
+  // FP8 rule (fp8_block_shape_reason) takes bf16, and the explanation gives the rule's reason.
   std::vector<ProjectionShape> shapes;
-  if (!a.shape.empty()) {
-    shapes.push_back(parse_shape(a.shape));
+  if (!a.shapes.empty()) {
+    shapes = parse_shapes(a.shapes);
   } else {
-    for (const auto& model : a.models)
-      for (int tp : parse_int_list(a.tp))
+    const std::vector<std::string> models = parse_models(a.models);
+    const std::vector<int> tps = parse_int_list(a.tp);
+    check_tp_sizes(models, tps);
+    for (const auto& model : models)
+      for (int tp : tps)
         for (auto& s : dense_gemm_shapes(model, tp)) shapes.push_back(s);  // fused_qkv_a, kv_b_proj too
   }
   const std::vector<int64_t> ms = parse_m_list(a.m);
+  fmt::print("{}\n", space_banner(space));
   for (const auto& s : shapes) {
     Tensor w = random_bf16(space, s.n, s.k, 1, 0.02f);
     ProjectionOptions o;
@@ -54,12 +59,11 @@ void run_explain(const ExplainArgs& a) {
 void register_explain(CLI::App& app) {
   auto args = std::make_shared<ExplainArgs>();
   auto* cmd = app.add_subcommand("explain", "Which path each projection takes at each M, and why");
-  cmd->add_option("--model", args->models, "Model(s): glm5, deepseek-v3, deepseek-v2-lite")
-      ->delimiter(',')
-      ->capture_default_str();
-  cmd->add_option("--tp", args->tp, "Tensor-parallel size(s), e.g. 1,4")->capture_default_str();
+  auto* model = cmd->add_option("--model", args->models, "Model(s): glm5, deepseek-v3, deepseek-v2-lite")
+                    ->capture_default_str();
+  auto* tp = cmd->add_option("--tp", args->tp, "Tensor-parallel size(s), e.g. 1,4")->capture_default_str();
   cmd->add_option("--m", args->m, "Token counts: list '1,64,512' or range '1-32768'")->capture_default_str();
-  cmd->add_option("--shape", args->shape, "Explicit NxK instead of a model");
+  cmd->add_option("--shape", args->shapes, "Explicit NxK shape(s) instead of a model")->excludes(model)->excludes(tp);
   cmd->add_flag("--fp8", args->fp8, "Opt in to FP8 (as FP8PROJ_PREFILL_FP8=1 would; the variable still wins)");
   cmd->add_option("--policy", args->policy, "prefill (default) or all")->check(CLI::IsMember({"prefill", "all"}));
   cmd->add_flag("--cpu", args->cpu, "Use the CPU reference even if a GPU is present");

@@ -145,12 +145,17 @@ std::string ok_text(bool ok) { return ok ? "ok" : "FAIL"; }
 void run_gatecheck(const CheckArgs& a) {
   const MemorySpace space = choose_space(a.cpu);
   const bool gpu = space == MemorySpace::device;
-  fmt::print("fp8proj tune --check {} -- {}\n", a.table, space_banner(space));
+  const std::vector<int64_t> asked = parse_m_list(a.m.empty() ? kDefaultCheckM : a.m, 1, "--check-m");
+  const std::string csv = !a.csv.empty() ? a.csv : "gatecheck.csv";
+  const std::string json = !a.json.empty() ? a.json : std::filesystem::path(csv).replace_extension(".json").string();
+  const std::string md = !a.md.empty() ? a.md : std::filesystem::path(csv).replace_extension(".md").string();
+  check_outputs({{"--csv", csv}, {"--json", json}, {"--md", md}}, {{"--check", a.table}});
   const TuneTable table = load_tune_table(a.table);
+  const std::string why = gpu ? stamp_mismatch(table.stamp, current_device()) : std::string();
+  FP8PROJ_CHECK(why.empty() || a.force, "tuned table '", a.table, "' does not match this GPU: ", why,
+                " (--force checks it anyway)");
+  fmt::print("fp8proj tune --check {} -- {}\n", a.table, space_banner(space));
   if (gpu) {
-    const std::string why = stamp_mismatch(table.stamp, current_device());
-    FP8PROJ_CHECK(why.empty() || a.force, "tuned table '", a.table, "' does not match this GPU: ", why,
-                  " (--force checks it anyway)");
     if (!why.empty()) fmt::print("warning: {} (checked anyway: --force)\n", why);
   } else {
     fmt::print("note: table measured on {}; checking on the CPU reference, whose times say nothing about a GPU\n",
@@ -161,10 +166,6 @@ void run_gatecheck(const CheckArgs& a) {
   topt.warmup = a.warmup >= 0 ? a.warmup : (gpu ? 3 : 1);
   topt.reps = a.reps > 0 ? a.reps : (gpu ? 60 : 3);  // medians 3% apart must be told apart
   topt.flush_l2 = gpu && !a.no_flush;
-  const std::vector<int64_t> asked = parse_m_list(a.m.empty() ? kDefaultCheckM : a.m);
-  const std::string csv = !a.csv.empty() ? a.csv : "gatecheck.csv";
-  const std::string json = !a.json.empty() ? a.json : std::filesystem::path(csv).replace_extension(".json").string();
-  const std::string md = !a.md.empty() ? a.md : std::filesystem::path(csv).replace_extension(".md").string();
 
   // Per shape: the M values, moved off the points the tuner measured.
   struct Job {

@@ -122,13 +122,19 @@ std::string pct(double part, double whole) { return whole > 0 ? fmt::format("{:.
 void run_layer(const LayerArgs& a) {
   const MemorySpace space = choose_space(a.cpu);
   const bool gpu = space == MemorySpace::device;
-  fmt::print("fp8proj layer -- {}\n", space_banner(space));
+  // Every argument resolved before anything prints; the model and each TP size are checked
+  // against each other here (the TP size must divide the heads), not after the first block ran.
   const std::string model = !a.model.empty() ? a.model : (gpu ? "glm5" : "deepseek-v2-lite");
+  FP8PROJ_CHECK(model.find(',') == std::string::npos, "--model: layer runs one model, got ", quote_excerpt(model));
+  (void)parse_models({model});
   const std::vector<int> tps = parse_int_list(!a.tp.empty() ? a.tp : (gpu ? "1,4" : "1"));
+  check_tp_sizes({model}, tps);
   std::vector<int> seqs = parse_int_list(!a.seqs.empty() ? a.seqs : (gpu ? "4,8,16,32,64" : "1"), "--seqs", 1, 1 << 20);
   std::sort(seqs.begin(), seqs.end());
   const int L = a.seqlen > 0 ? a.seqlen : (gpu ? 1024 : 64);
   FP8PROJ_CHECK(seqs.front() >= 1 && L >= 1, "--seqs and --seqlen must be positive");
+  check_outputs({{"--csv", a.csv}, {"--json", a.json}, {"--md", a.md}});
+  fmt::print("fp8proj layer -- {}\n", space_banner(space));
   if (!gpu)
     fmt::print("No GPU: the CPU reference block at a tiny size ({}, {} x {} tokens); times say nothing about a "
                "GPU, the tables show what the command reports.\n",
@@ -469,7 +475,7 @@ void register_layer(CLI::App& app) {
   cmd->add_option("--tp", args->tp, "Tensor-parallel size(s): rank 0's share of the work, e.g. 1,4 (GPU default 1,4)");
   cmd->add_option("--seqs", args->seqs, "Sequences per batch C, e.g. 4,8,16,32,64 (GPU default; CPU 1)");
   cmd->add_option("--seqlen", args->seqlen, "Tokens per sequence L (GPU default 1024; CPU 64); decode context L+1")
-      ->check(int_in(1, 1 << 20));
+      ->transform(int_in(1, 1 << 20));
   cmd->add_option("--policy", args->policy, "Gate policy of the flag-on block: prefill or all")
       ->check(CLI::IsMember({"prefill", "all"}))
       ->capture_default_str();
@@ -480,7 +486,7 @@ void register_layer(CLI::App& app) {
                 "Prefill from the residual stream (MlaBlock::prefill_residual): both blocks run the input RMSNorm, "
                 "the flag-on one fused with fused_qkv_a's 1x128 quantization when that is on its FP8 path");
   cmd->add_option("--reps", args->reps, "Timed repetitions (GPU default 20, CPU 1)")
-      ->check(int_in(1, kMaxCliReps));
+      ->transform(int_in(1, kMaxCliReps));
   cmd->add_flag("--no-flush", args->no_flush, "Do not flush L2 before timed calls");
   cmd->add_flag("--no-decode", args->no_decode, "Skip the decode step");
   cmd->add_flag("--fuse-attention-quant", args->fuse_attention_quant,

@@ -55,23 +55,31 @@ struct TpArgs {
 
 void add_common(CLI::App* cmd, TpArgs& a, bool timing) {
   cmd->add_option("--tp", a.tp, "Tensor-parallel size (ranks, one GPU each)")
-      ->check(int_in(1, kMaxCliTp))
+      ->transform(int_in(1, kMaxCliTp))
       ->capture_default_str();
   cmd->add_option("--mode", a.mode, "Process model: threads, procs, env, auto")
       ->check(CLI::IsMember({"threads", "procs", "env", "auto"}))
       ->capture_default_str();
-  cmd->add_option("--model", a.models, "Model(s): glm5, deepseek-v3, deepseek-v2-lite")->delimiter(',')->capture_default_str();
+  cmd->add_option("--model", a.models, "Model(s): glm5, deepseek-v3, deepseek-v2-lite")->capture_default_str();
   if (timing) {
     cmd->add_option("--reps", a.reps, "Timed repetitions per measurement")
-        ->check(int_in(1, kMaxCliReps))
+        ->transform(int_in(1, kMaxCliReps))
         ->capture_default_str();
     cmd->add_option("--warmup", a.warmup, "Warm-up calls per measurement")
-        ->check(int_in(0, kMaxCliReps))
+        ->transform(int_in(0, kMaxCliReps))
         ->capture_default_str();
     cmd->add_flag("--no-flush", a.no_flush, "Do not flush L2 before timed calls");
     cmd->add_option("--csv", a.csv, "Write the rows (one per rank) as CSV");
     cmd->add_option("--json", a.json, "Write the rows with the GPU/version stamp as JSON");
   }
+}
+
+// The options every multi-GPU subcommand shares, resolved before any rank starts or prints:
+// the model list split (list_entries), each model checked at --tp (it must divide the heads).
+void resolve_common(TpArgs& a) {
+  a.models = parse_models(a.models);
+  check_tp_sizes(a.models, {a.tp});
+  check_outputs({{"--csv", a.csv}, {"--json", a.json}});
 }
 
 LaunchOptions launch_options(const TpArgs& a) {
@@ -246,10 +254,14 @@ struct ExplainArgs {
 
 void run_explain(const ExplainArgs& a) {
   const MemorySpace space = choose_space(a.cpu);
-  fmt::print("{}\n", space_banner(space));
+  // Every argument resolved before anything prints, each model checked at each TP size.
   const std::vector<int64_t> ms = parse_m_list(a.m);
-  for (const auto& model : a.models) {
-    for (int tp : parse_int_list(a.tp)) {
+  const std::vector<std::string> models = parse_models(a.models);
+  const std::vector<int> tps = parse_int_list(a.tp);
+  check_tp_sizes(models, tps);
+  fmt::print("{}\n", space_banner(space));
+  for (const auto& model : models) {
+    for (int tp : tps) {
       const MlaConfig c0 = MlaConfig::preset(model, tp, 0);
       fmt::print("\n{} at TP {}: {} heads per rank; fused_qkv_a {}x{} and the norms replicated (bf16), "
                  "kv_b_proj column-parallel by heads (bf16, untagged)\n",
@@ -431,7 +443,9 @@ void run_check(const CheckArgs& a) {
     if (ctx.root()) print_banner(ctx, "check");
     std::vector<CheckRow> rows;
     std::vector<double> vals;  // per row: relative difference, non-finite count
-    const bool proj = a.what.find("proj") != std::string::npos, mla = a.what.find("mla") != std::string::npos;
+    const std::vector<std::string> what = list_entries({a.what}, "--what");
+    const bool proj = std::count(what.begin(), what.end(), "proj") > 0;
+    const bool mla = std::count(what.begin(), what.end(), "mla") > 0;
     if (proj) check_projections(ctx, a, rows, vals);
     if (mla) check_mla(ctx, a, rows, vals);
     const RankTable table = gather_table(ctx, vals, 2);  // per row: relative difference, non-finite count
@@ -713,7 +727,7 @@ void register_tp(CLI::App& app) {
 
   auto ex = std::make_shared<ExplainArgs>();
   auto* e = tp->add_subcommand("explain", "Each rank's shards of q_b_proj / o_proj, their FP8 eligibility and paths");
-  e->add_option("--model", ex->models, "Model(s)")->delimiter(',')->capture_default_str();
+  e->add_option("--model", ex->models, "Model(s)")->capture_default_str();
   e->add_option("--tp", ex->tp, "Tensor-parallel size(s), e.g. 2,4,8")->capture_default_str();
   e->add_option("--m", ex->m, "Token counts")->capture_default_str();
   e->add_flag("--fp8", ex->fp8, "Opt in to FP8 (FP8PROJ_PREFILL_FP8 still wins)");
@@ -727,9 +741,17 @@ void register_tp(CLI::App& app) {
   add_common(c, *ck, false);
   c->add_option("--m", ck->m, "Token counts for the projection checks")->capture_default_str();
   c->add_option("--what", ck->what, "proj, mla or proj,mla")->capture_default_str();
-  c->add_option("--seqs", ck->seqs, "MLA check: sequences")->check(int_in(1, 1 << 20))->capture_default_str();
-  c->add_option("--seq-len", ck->seq_len, "MLA check: tokens per sequence")->check(int_in(1, 1 << 20))->capture_default_str();
-  c->callback([ck] { run_check(*ck); });
+  c->add_option("--seqs", ck->seqs, "MLA check: sequences")->transform(int_in(1, 1 << 20))->capture_default_str();
+  c->add_option("--seq-len", ck->seq_len, "MLA check: tokens per sequence")
+      ->transform(int_in(1, 1 << 20))
+      ->capture_default_str();
+  c->callback([ck] {
+    resolve_common(*ck);
+    (void)parse_m_list(ck->m);
+    for (const std::string& w : list_entries({ck->what}, "--what"))
+      FP8PROJ_CHECK(w == "proj" || w == "mla", "--what: ", quote_excerpt(w), " is not proj or mla");
+    run_check(*ck);
+  });
 
   auto bn = std::make_shared<BenchArgs>();
   auto* b = tp->add_subcommand("bench", "Projections per M: TP 1 next to TP R per rank, flag off vs on");
@@ -738,14 +760,22 @@ void register_tp(CLI::App& app) {
   b->add_option("--policy", bn->policy, "Gate policy of the flag-on layer: prefill or all")
       ->check(CLI::IsMember({"prefill", "all"}))
       ->capture_default_str();
-  b->callback([bn] { run_bench(*bn); });
+  b->callback([bn] {
+    resolve_common(*bn);
+    (void)parse_m_list(bn->m);
+    run_bench(*bn);
+  });
 
   auto ly = std::make_shared<LayerArgs>();
   auto* l = tp->add_subcommand("layer", "MLA block prefill: TP 1 next to TP R, per-rank and all-reduce time");
   add_common(l, *ly, true);
   l->add_option("--seqs", ly->seqs, "Sequence counts C (C x seq-len tokens per prefill)")->capture_default_str();
-  l->add_option("--seq-len", ly->seq_len, "Tokens per sequence")->check(int_in(1, 1 << 20))->capture_default_str();
-  l->callback([ly] { run_layer(*ly); });
+  l->add_option("--seq-len", ly->seq_len, "Tokens per sequence")->transform(int_in(1, 1 << 20))->capture_default_str();
+  l->callback([ly] {
+    resolve_common(*ly);
+    (void)parse_int_list(ly->seqs, "--seqs", 1, 1 << 20);
+    run_layer(*ly);
+  });
 
   auto* id = tp->add_subcommand("id", "Print a fresh NCCL id (hex) for FP8PROJ_NCCL_ID");
   id->callback([] { fmt::print("{}\n", Communicator::new_id().hex()); });

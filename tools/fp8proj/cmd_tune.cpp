@@ -268,7 +268,10 @@ class ShapeTuner {
   std::vector<Row> rows_;
 };
 
-std::vector<ShapeJob> resolve_shapes(const TuneArgs& a, bool gpu) {
+// The shapes to tune, resolved before anything prints. An explicit --shape outside the FP8 rule
+// (fp8_block_shape_reason) is an error: tune measures the FP8 path. A model's shape outside it
+// is skipped with a note in `notes` (printed after the banner).
+std::vector<ShapeJob> resolve_shapes(const TuneArgs& a, bool gpu, std::vector<std::string>& notes) {
   std::vector<ShapeJob> jobs;
   // A GEMM that several models or TP sizes share is measured once, under all their names.
   auto add = [&](const std::string& model, const std::string& gemm, int tp, int64_t n, int64_t k) {
@@ -280,28 +283,33 @@ std::vector<ShapeJob> resolve_shapes(const TuneArgs& a, bool gpu) {
                                                 : fmt::format("custom {}x{}", n, k);
     jobs.push_back({label, model, gemm, tp, n, k});
   };
-  for (const auto& text : a.shapes) {
-    const ProjectionShape s = parse_shape(text);
-    add("custom", "gemm", 0, s.n, s.k);
-  }
-  if (a.shapes.empty()) {
-    std::vector<std::string> models = a.models;
+  if (!a.shapes.empty()) {
+    for (const ProjectionShape& s : parse_shapes(a.shapes)) {
+      const std::string why = fp8_block_shape_reason(s.n, s.k);
+      FP8PROJ_CHECK(why.empty(), "--shape ", s.n, "x", s.k, ": ", why, "; tune measures the block-scaled FP8 path");
+      add("custom", "gemm", 0, s.n, s.k);
+    }
+  } else {
+    std::vector<std::string> models = a.models.empty() ? a.models : parse_models(a.models);
     if (models.empty() && gpu) models = {"glm5", "deepseek-v3"};
-    const std::string tp = !a.tp.empty() ? a.tp : "1,2,4,8";
+    FP8PROJ_CHECK(!models.empty() || a.tp.empty(),
+                  "--tp picks model shapes: give --model too (without a GPU the default is one 256x256 shape)");
+    const std::vector<int> tps = parse_int_list(!a.tp.empty() ? a.tp : "1,2,4,8");
+    check_tp_sizes(models, tps);
     for (const auto& model : models)
-      for (int t : parse_int_list(tp))
+      for (int t : tps)
         for (const auto& s : dense_gemm_shapes(model, t)) add(s.model, s.gemm, s.tp, s.n, s.k);
     if (models.empty()) add("custom", "gemm", 0, 256, 256);  // CPU default: small enough for the oracle
   }
   std::vector<ShapeJob> ok;
   for (auto& j : jobs) {
     if (const std::string why = fp8_block_shape_reason(j.n, j.k); !why.empty()) {
-      fmt::print("skipping {} ({}x{}): {}, so it has no FP8 path\n", j.label, j.n, j.k, why);
+      notes.push_back(fmt::format("skipping {} ({}x{}): {}, so it has no FP8 path", j.label, j.n, j.k, why));
       continue;
     }
     ok.push_back(j);
   }
-  FP8PROJ_CHECK(!ok.empty(), "tune: no shape to measure");
+  FP8PROJ_CHECK(!ok.empty(), "tune: no shape to measure (", fmt::format("{}", fmt::join(notes, "; ")), ")");
   return ok;
 }
 
@@ -376,6 +384,7 @@ std::string how_measured(bool gpu, const TimingOptions& topt, const std::vector<
 void run_tune(const TuneArgs& a) {
   const double margin = 1 + a.margin_pct / 100;
   if (!a.from.empty()) {  // summary of an existing table
+    check_outputs({{"--md", a.md}}, {{"--from", a.from}});
     const TuneTable t = load_tune_table(a.from);
     std::vector<tune::ShapeSummary> ss;
     for (const auto& s : t.shapes) ss.push_back({shape_label(s.n, s.k), s});
@@ -387,8 +396,18 @@ void run_tune(const TuneArgs& a) {
 
   const MemorySpace space = choose_space(a.cpu);
   const bool gpu = space == MemorySpace::device;
+  std::vector<std::string> notes;
+  const std::vector<ShapeJob> jobs = resolve_shapes(a, gpu, notes);
+  // --out DIR/ (an existing folder, e.g. configs/): the file name the layer looks for there.
+  const std::string file = gpu ? tune_file_name(current_device().name) : "tune-cpu.json";
+  const std::string out = a.out.empty()                          ? file
+                          : std::filesystem::is_directory(a.out) ? (std::filesystem::path(a.out) / file).string()
+                                                                 : a.out;
+  const std::string csv = !a.csv.empty() ? a.csv : replace_ext(out, ".csv");
+  const std::string md = !a.md.empty() ? a.md : replace_ext(out, ".md");
+  check_outputs({{"--out", out}, {"--csv", csv}, {"--md", md}});
   fmt::print("fp8proj tune -- {}\n", space_banner(space));
-  const std::vector<ShapeJob> jobs = resolve_shapes(a, gpu);
+  for (const std::string& note : notes) fmt::print("{}\n", note);
   const int64_t max_m = a.max_m > 0 ? a.max_m : (gpu ? 32768 : 64);
   const std::vector<tune::Bucket> buckets0 = tune::initial_buckets(max_m, a.first_bucket);
   std::vector<int64_t> points0;  // for the estimate
@@ -421,13 +440,19 @@ void run_tune(const TuneArgs& a) {
   double est_us = estimate(topt.reps);
   if (a.reps <= 0 && est_us * 1e-6 > a.budget_s) {
     const double fixed = estimate(0), per_rep = (estimate(10) - fixed) / 10;
-    const int reps = std::max(8, static_cast<int>((a.budget_s * 1e6 - fixed) / per_rep));
+    // Negative when the warm-ups alone exceed the budget; compared in double, so no cast overflows.
+    const double fit = per_rep > 0 ? (a.budget_s * 1e6 - fixed) / per_rep : 0.0;
+    const int reps = fit >= topt.reps ? topt.reps : std::max(8, static_cast<int>(std::max(fit, 0.0)));
     if (reps < topt.reps) {
-      fmt::print("note: {} reps would take about {}; using {} to fit the {:.0f} s budget (--budget, --reps)\n",
+      fmt::print("note: {} reps would take about {}; using {} to fit the {:g} s budget (--budget, --reps)\n",
                  topt.reps, format_duration(est_us * 1e-6), reps, a.budget_s);
       topt.reps = reps;
       est_us = estimate(reps);
     }
+    if (est_us * 1e-6 > a.budget_s)
+      fmt::print("note: the plan takes about {} at {} reps, more than the {:g} s budget (--budget lowers the "
+                 "default reps to no fewer than 8)\n",
+                 format_duration(est_us * 1e-6), topt.reps, a.budget_s);
   }
   std::string bucket_list;
   for (const auto& b : buckets0) bucket_list += fmt::format("{}[{},{}]", bucket_list.empty() ? "" : " ", b.lo, b.hi);
@@ -442,14 +467,6 @@ void run_tune(const TuneArgs& a) {
              gpu ? "" : " -- CPU reference: times say nothing about a GPU");
   std::fflush(stdout);
   if (a.dry_run) return;
-
-  // --out DIR/ (an existing folder, e.g. configs/): the file name the layer looks for there.
-  const std::string file = gpu ? tune_file_name(current_device().name) : "tune-cpu.json";
-  const std::string out = a.out.empty()                          ? file
-                          : std::filesystem::is_directory(a.out) ? (std::filesystem::path(a.out) / file).string()
-                                                                 : a.out;
-  const std::string csv = !a.csv.empty() ? a.csv : replace_ext(out, ".csv");
-  const std::string md = !a.md.empty() ? a.md : replace_ext(out, ".md");
 
   TuneTable table;
   table.stamp = current_stamp();
@@ -525,45 +542,68 @@ void register_tune(CLI::App& app) {
   auto* cmd = app.add_subcommand("tune",
                                  "Measure per M bucket the fastest FP8 candidate and the bf16/FP8 "
                                  "crossover; write the tuned table (or --check one)");
-  cmd->add_option("--model", a->models, "Model(s), e.g. glm5,deepseek-v3 (GPU default: both)")->delimiter(',');
-  cmd->add_option("--tp", a->tp, "Tensor-parallel sizes (default 1,2,4,8)");
-  cmd->add_option("--shape", a->shapes, "Explicit NxK shape(s) instead of models")->delimiter(',');
-  cmd->add_option("--max-m", a->max_m, "Largest M (GPU default 32768, CPU 64)")->check(int_in(1, kMaxCliM));
-  cmd->add_option("--first-bucket", a->first_bucket, "Upper edge of the first bucket [1, X]")
-      ->check(int_in(1, kMaxCliM))
+  // What goes with what: measuring, --check TABLE (validation) and --from TABLE (summary) take
+  // different options, and an option that does not apply is an error, not ignored.
+  auto* model = cmd->add_option("--model", a->models, "Model(s), e.g. glm5,deepseek-v3 (GPU default: both)");
+  auto* tp = cmd->add_option("--tp", a->tp, "Tensor-parallel sizes (default 1,2,4,8)");
+  auto* shape =
+      cmd->add_option("--shape", a->shapes, "Explicit NxK shape(s) instead of models (N a multiple of 16, K of 128)")
+          ->excludes(model)
+          ->excludes(tp);
+  auto* max_m = cmd->add_option("--max-m", a->max_m, "Largest M (GPU default 32768, CPU 64)")
+                    ->transform(int_in(1, kMaxCliM));
+  auto* first_bucket = cmd->add_option("--first-bucket", a->first_bucket, "Upper edge of the first bucket [1, X]")
+                           ->transform(int_in(1, kMaxCliM))
+                           ->capture_default_str();
+  auto* reps =
+      cmd->add_option("--reps", a->reps, "Timed repetitions per measurement (GPU default 30, reduced to fit --budget)")
+          ->transform(int_in(1, kMaxCliReps));
+  auto* warmup = cmd->add_option("--warmup", a->warmup, "Warm-up calls per measurement (GPU default 3)")
+                     ->transform(int_in(0, kMaxCliReps));
+  auto* max_split = cmd->add_option("--max-split", a->max_split,
+                                    "How often a bucket may be halved where its verdict is close or its "
+                                    "configuration trails")
+                        ->transform(int_in(0, 16))
+                        ->capture_default_str();
+  auto* margin = cmd->add_option("--margin", a->margin_pct, "FP8 must win by this many percent to set the threshold")
+      ->transform(number_in(0, 100))
       ->capture_default_str();
-  cmd->add_option("--reps", a->reps, "Timed repetitions per measurement (GPU default 30, reduced to fit --budget)")
-      ->check(int_in(1, kMaxCliReps));
-  cmd->add_option("--warmup", a->warmup, "Warm-up calls per measurement (GPU default 3)")->check(int_in(0, kMaxCliReps));
-  cmd->add_option("--max-split", a->max_split, "How often a bucket may be halved where its verdict is close or its configuration trails")
-      ->check(int_in(0, 16))
-      ->capture_default_str();
-  cmd->add_option("--margin", a->margin_pct, "FP8 must win by this many percent to set the threshold")
-      ->check(number_in(0, 100))
-      ->capture_default_str();
-  cmd->add_option("--budget", a->budget_s, "Seconds the measurement should take at most (sets --reps)")
-      ->check(number_in(0, 1e7))
-      ->capture_default_str();
-  cmd->add_flag("--no-flush", a->no_flush, "Do not flush L2 before timed calls (flatters bf16 at small M)");
-  cmd->add_flag("--cpu", a->cpu, "Use the CPU reference even if a GPU is present");
-  cmd->add_flag("--dry-run", a->dry_run, "Print the plan and the time estimate, measure nothing");
-  cmd->add_option("--out", a->out, "Table (JSON) or a folder for <gpu>.json (e.g. configs/); default <gpu>.json here");
-  cmd->add_option("--csv", a->csv, "Every measurement (CSV); default: --out with .csv");
+  auto* budget =
+      cmd->add_option("--budget", a->budget_s,
+                      "Seconds the measurement should take at most (> 0; lowers the default --reps to fit, to no "
+                      "fewer than 8)")
+          ->transform(number_in(0, 1e7, /*above_lo=*/true))
+          ->capture_default_str()
+          ->excludes(reps);
+  auto* no_flush =
+      cmd->add_flag("--no-flush", a->no_flush, "Do not flush L2 before timed calls (flatters bf16 at small M)");
+  auto* cpu = cmd->add_flag("--cpu", a->cpu, "Use the CPU reference even if a GPU is present");
+  auto* dry_run = cmd->add_flag("--dry-run", a->dry_run, "Print the plan and the time estimate, measure nothing");
+  auto* out = cmd->add_option("--out", a->out,
+                              "Table (JSON) or a folder for <gpu>.json (e.g. configs/); default <gpu>.json here");
+  auto* csv = cmd->add_option("--csv", a->csv, "Every measurement (CSV); default: --out with .csv");
   cmd->add_option("--md", a->md, "Markdown summary; default: --out with .md");
-  cmd->add_option("--from", a->from, "Write the markdown summary of an existing table (no measurement)");
+  auto* from = cmd->add_option("--from", a->from, "Write the markdown summary of an existing table (no measurement)");
   // Validation of a table (cmd_gatecheck.cpp).
-  cmd->add_option("--check", a->check_file,
-                  "Validate TABLE: gated layer vs pure bf16 and pure FP8 at M off the tuning points");
-  cmd->add_option("--check-m", a->check.m, "M values for --check (default 3,24,48,...,24000)");
-  cmd->add_option("--decode-ceiling", a->check.decode_ceiling, "Decode ceiling of the prefill policy in --check")
-      ->check(int_in(0, kMaxCliM))
-      ->capture_default_str();
+  auto* check = cmd->add_option("--check", a->check_file,
+                                "Validate TABLE: gated layer vs pure bf16 and pure FP8 at M off the tuning points");
+  cmd->add_option("--check-m", a->check.m, "--check: M values (default 3,24,48,...,24000)")->needs(check);
+  cmd->add_option("--decode-ceiling", a->check.decode_ceiling, "--check: decode ceiling of the prefill policy")
+      ->transform(int_in(0, kMaxCliM))
+      ->capture_default_str()
+      ->needs(check);
   cmd->add_option("--tolerance", a->check.tolerance_pct, "--check: gated time within this % of the faster path")
-      ->check(number_in(0, 100))
-      ->capture_default_str();
-  cmd->add_option("--json", a->check.json, "--check: results as JSON (default: --csv with .json)");
-  cmd->add_flag("--no-fail", a->check.no_fail, "--check: report violations but exit 0");
-  cmd->add_flag("--force", a->check.force, "--check: validate a table stamped for another GPU");
+      ->transform(number_in(0, 100))
+      ->capture_default_str()
+      ->needs(check);
+  cmd->add_option("--json", a->check.json, "--check: results as JSON (default: --csv with .json)")->needs(check);
+  cmd->add_flag("--no-fail", a->check.no_fail, "--check: report violations but exit 0")->needs(check);
+  cmd->add_flag("--force", a->check.force, "--check: validate a table stamped for another GPU")->needs(check);
+  for (CLI::Option* measuring_only : {model, tp, shape, max_m, first_bucket, max_split, margin, budget, dry_run, out})
+    check->excludes(measuring_only);
+  for (CLI::Option* not_summary : {model, tp, shape, max_m, first_bucket, reps, warmup, max_split, budget, no_flush,
+                                   cpu, dry_run, out, csv, check})
+    from->excludes(not_summary);
   cmd->callback([a] {
     if (!a->check_file.empty()) {
       CheckArgs c = a->check;

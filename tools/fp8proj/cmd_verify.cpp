@@ -152,20 +152,34 @@ void verify_device_quantizers(uint64_t seed) {
   }
 }
 
+// "MxNxK" -> a case every backend verify runs can take: M, N, K in [1, 2^16]; N and K under the
+// block-scaled FP8 rule (fp8_block_shape_reason, gemm.hpp), since every case is quantized; M x N x K
+// and each of M x N, N x K, M x K bounded (the fp64 oracle runs on the host: at the bounds two
+// GEMMs of 2^36 multiply-adds and 2^28 doubles each).
+Case parse_case(const std::string& s) {
+  const size_t x1 = s.find('x'), x2 = x1 == std::string::npos ? x1 : s.find('x', x1 + 1);
+  FP8PROJ_CHECK(x2 != std::string::npos, "--case ", quote_excerpt(s), " must look like MxNxK, e.g. 300x2048x1536");
+  const int64_t m = parse_int(s.substr(0, x1), "--case M", 1, kMaxVerifyDim);
+  const int64_t n = parse_int(s.substr(x1 + 1, x2 - x1 - 1), "--case N", 1, kMaxVerifyDim);
+  const int64_t k = parse_int(s.substr(x2 + 1), "--case K", 1, kMaxVerifyDim);
+  const std::string why = fp8_block_shape_reason(n, k);
+  FP8PROJ_CHECK(why.empty(), "--case ", s, ": ", why, "; verify quantizes every case for the FP8 backends");
+  FP8PROJ_CHECK(m * n * k <= kMaxVerifyWork && m * n <= kMaxVerifyElements && n * k <= kMaxVerifyElements &&
+                    m * k <= kMaxVerifyElements,
+                "--case ", s, " is too large for the host's fp64 oracle: M x N x K must be at most 2^36 (it is ",
+                m * n * k, ") and M x N, N x K, M x K at most 2^28 each");
+  return {m, n, k};
+}
+
 void run_verify(const VerifyArgs& a) {
-  fmt::print("{}\n", space_banner(choose_space(false)));
+  // The cases are checked before anything prints: one the kernels cannot take fails here, not
+  // in the middle of the table.
   std::vector<Case> cases = {{1, 256, 384}, {17, 384, 256}, {64, 1024, 512}, {300, 2048, 1536}, {129, 6144, 2048}};
   if (!a.cases.empty()) {
     cases.clear();
-    for (const auto& s : a.cases) {
-      const size_t x1 = s.find('x'), x2 = x1 == std::string::npos ? x1 : s.find('x', x1 + 1);
-      FP8PROJ_CHECK(x2 != std::string::npos, "--case '", s, "' must look like MxNxK");
-      const int64_t m = parse_int(s.substr(0, x1), "--case M", 1, 1 << 16);
-      const int64_t n = parse_int(s.substr(x1 + 1, x2 - x1 - 1), "--case N", 1, 1 << 16);
-      const int64_t k = parse_int(s.substr(x2 + 1), "--case K", 1, 1 << 16);
-      cases.push_back({m, n, k});
-    }
+    for (const std::string& s : list_entries(a.cases, "--case")) cases.push_back(parse_case(s));
   }
+  fmt::print("{}\n", space_banner(choose_space(false)));
   fmt::print("\n  {:<20} {:<28} {:>6} {:>6} {:>6}  {:>10} {:>9} {:>8}\n", "backend", "check", "M", "N", "K",
              "rel error", "tolerance", "bad", "");
   for (const Case& c : cases) verify_case(c, a.seed);
@@ -181,20 +195,27 @@ void register_verify(CLI::App& app) {
   auto args = std::make_shared<VerifyArgs>();
   auto ck = std::make_shared<VerifyCheckpointArgs>();
   auto* cmd = app.add_subcommand("verify", "Numerics of every available backend against the fp64 oracle");
-  auto* case_opt = cmd->add_option("--case", args->cases, "MxNxK problem(s) instead of the default set");
-  cmd->add_option("--seed", args->seed, "Random seed")->capture_default_str();
-  cmd->add_option("--checkpoint", ck->checkpoint,
-                  "Hugging Face MLA checkpoint (directory with config.json): per layer, eligibility, tagging, "
-                  "FP8 copy memory, weight and GEMM error")
-      ->excludes(case_opt);
-  cmd->add_option("--layers", ck->layers, "With --checkpoint: 'all' or a list such as 0,3,7")->capture_default_str();
-  cmd->add_option("--m", ck->m, "With --checkpoint: activation rows of the GEMM check")->capture_default_str();
-  cmd->add_option("--json", ck->json, "With --checkpoint: write the results as JSON");
-  cmd->add_option("--csv", ck->csv, "With --checkpoint: write the results as CSV");
+  auto* case_opt = cmd->add_option("--case", args->cases,
+                                   "MxNxK problem(s) instead of the default set, e.g. 300x2048x1536,1x256x384; N a "
+                                   "multiple of 16, K of 128");
+  cmd->add_option("--seed", args->seed, "Random seed, 0 .. 2^63-1")
+      ->transform(int_in(0, kMaxCliSeed))
+      ->capture_default_str();
+  auto* checkpoint = cmd->add_option("--checkpoint", ck->checkpoint,
+                                     "Hugging Face MLA checkpoint (directory with config.json): per layer, "
+                                     "eligibility, tagging, FP8 copy memory, weight and GEMM error")
+                         ->excludes(case_opt);
+  cmd->add_option("--layers", ck->layers, "With --checkpoint: 'all' or a list such as 0,3,7")
+      ->capture_default_str()
+      ->needs(checkpoint);
+  cmd->add_option("--m", ck->m, "With --checkpoint: activation rows of the GEMM check")
+      ->transform(int_in(1, kMaxVerifyDim))
+      ->capture_default_str()
+      ->needs(checkpoint);
+  cmd->add_option("--json", ck->json, "With --checkpoint: write the results as JSON")->needs(checkpoint);
+  cmd->add_option("--csv", ck->csv, "With --checkpoint: write the results as CSV")->needs(checkpoint);
   cmd->callback([args, ck] {
     if (ck->checkpoint.empty()) {
-      FP8PROJ_CHECK(ck->json.empty() && ck->csv.empty() && ck->layers.empty(),
-                    "--layers, --json and --csv go with --checkpoint");
       run_verify(*args);
       return;
     }

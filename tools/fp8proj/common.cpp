@@ -3,12 +3,15 @@
 #include <algorithm>
 #include <chrono>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
-#include <sstream>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <unistd.h>
 
 #include "fp8proj/error.hpp"
+#include "fp8proj/mla.hpp"
 #include "fp8proj/numbers.hpp"
 #include "fp8proj/random.hpp"
 
@@ -16,29 +19,101 @@ namespace fp8proj::cli {
 
 namespace {
 
+// Every entry between separators, "a,b," has three (the last empty): an empty one is an error.
 std::vector<std::string> split(const std::string& text, char sep, const std::string& what) {
   std::vector<std::string> parts;
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, sep)) {
-    FP8PROJ_CHECK(!item.empty(), what, " has an empty entry in '", text, "'");
-    parts.push_back(item);
+  size_t begin = 0;
+  while (true) {
+    const size_t end = std::min(text.find(sep, begin), text.size());
+    FP8PROJ_CHECK(end > begin, what, " has an empty entry in ", quote_excerpt(text));
+    parts.push_back(text.substr(begin, end - begin));
     FP8PROJ_CHECK(parts.size() <= size_t(kMaxCliListItems), what, " has more than ", kMaxCliListItems, " entries");
+    if (end == text.size()) return parts;
+    begin = end + 1;
   }
-  return parts;
 }
 
 }  // namespace
 
 CLI::Validator int_in(int64_t lo, int64_t hi) {
   return CLI::Validator(
-      [lo, hi](std::string& text) { return int_problem(text, "value", lo, hi); },
+      [lo, hi](std::string& text) {
+        std::string problem = int_problem(text, "value", lo, hi);
+        if (problem.empty()) text = std::to_string(*try_parse_int(text));
+        return problem;
+      },
       "INT in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
 }
 
-CLI::Validator number_in(double lo, double hi) {
-  return CLI::Validator([lo, hi](std::string& text) { return number_problem(text, "value", lo, hi); },
-                        fmt::format("NUMBER in [{}, {}]", lo, hi));
+CLI::Validator number_in(double lo, double hi, bool above_lo) {
+  return CLI::Validator(
+      [lo, hi, above_lo](std::string& text) {
+        std::string problem = number_problem(text, "value", lo, hi);
+        if (!problem.empty()) return problem;
+        const double v = *try_parse_number(text);
+        if (above_lo && v <= lo) return fmt::format("value={} must be greater than {}", quote_excerpt(text), lo);
+        text = fmt::format("{}", v);  // shortest text that reads back as v
+        return std::string();
+      },
+      fmt::format("NUMBER in {}{}, {}]", above_lo ? "(" : "[", lo, hi));
+}
+
+namespace {
+bool blank(std::string_view text) { return text.find_first_not_of(" \t\n\r\f\v") == std::string_view::npos; }
+
+const char* const kBlankValue = "an empty value is not accepted (leave the option out for its default)";
+}  // namespace
+
+void refuse_blank_values(CLI::App& app) {
+  for (CLI::Option* opt : app.get_options()) {
+    if (opt->get_type_size_max() == 0) continue;  // a flag: takes no value
+    opt->check(CLI::Validator([](std::string& text) { return blank(text) ? std::string(kBlankValue) : std::string(); },
+                              ""));
+  }
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) refuse_blank_values(*sub);
+}
+
+void refuse_empty_assignments(int argc, const char* const* argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    if (arg == "--") return;  // what follows is not options
+    const size_t eq = arg.find('=');
+    if (arg.size() > 2 && arg.substr(0, 2) == "--" && eq != std::string_view::npos && blank(arg.substr(eq + 1)))
+      throw CLI::ValidationError(std::string(arg.substr(0, eq)), kBlankValue);
+  }
+}
+
+std::vector<std::string> list_entries(const std::vector<std::string>& values, const std::string& what) {
+  std::vector<std::string> out;
+  for (const std::string& value : values)
+    for (std::string& entry : split(value, ',', what))
+      if (std::find(out.begin(), out.end(), entry) == out.end()) out.push_back(std::move(entry));
+  FP8PROJ_CHECK(!out.empty(), what, " is empty");
+  FP8PROJ_CHECK(out.size() <= size_t(kMaxCliListItems), what, " has more than ", kMaxCliListItems, " entries");
+  return out;
+}
+
+std::vector<std::string> parse_models(const std::vector<std::string>& values, const std::string& what) {
+  const std::vector<std::string> known = model_names();
+  std::vector<std::string> out = list_entries(values, what);
+  for (const std::string& m : out)
+    FP8PROJ_CHECK(std::find(known.begin(), known.end(), m) != known.end(), what, ": unknown model ", quote_excerpt(m),
+                  " (known: ", fmt::format("{}", fmt::join(known, ", ")), ")");
+  return out;
+}
+
+void check_tp_sizes(const std::vector<std::string>& models, const std::vector<int>& tps) {
+  for (const std::string& model : models) {
+    const int heads = MlaConfig::preset(model).heads;
+    for (int tp : tps) {
+      if (heads % tp == 0) continue;
+      std::vector<int> fit;
+      for (int d = 1; d <= heads; ++d)
+        if (heads % d == 0) fit.push_back(d);
+      FP8PROJ_FAIL("--tp ", tp, " does not divide the ", heads, " heads of ", model,
+                   " (TP sizes that do: ", fmt::format("{}", fmt::join(fit, ", ")), ")");
+    }
+  }
 }
 
 std::vector<int64_t> parse_m_list(const std::string& text, int64_t lo, const std::string& what) {
@@ -62,21 +137,34 @@ std::vector<int64_t> parse_m_list(const std::string& text, int64_t lo, const std
 
 std::vector<int> parse_int_list(const std::string& text, const std::string& what, int64_t lo, int64_t hi) {
   std::vector<int> out;
-  for (const std::string& part : split(text, ',', what))
-    out.push_back(static_cast<int>(parse_int(part, what, std::max<int64_t>(lo, INT32_MIN), std::min<int64_t>(hi, INT32_MAX))));
+  for (const std::string& part : split(text, ',', what)) {
+    const int v =
+        static_cast<int>(parse_int(part, what, std::max<int64_t>(lo, INT32_MIN), std::min<int64_t>(hi, INT32_MAX)));
+    if (std::find(out.begin(), out.end(), v) == out.end()) out.push_back(v);
+  }
   FP8PROJ_CHECK(!out.empty(), what, " is empty");
+  return out;
+}
+
+std::vector<ProjectionShape> parse_shapes(const std::vector<std::string>& values) {
+  std::vector<ProjectionShape> out;
+  for (const std::string& text : list_entries(values, "--shape")) {
+    ProjectionShape s = parse_shape(text);
+    if (std::none_of(out.begin(), out.end(), [&](const ProjectionShape& o) { return o.n == s.n && o.k == s.k; }))
+      out.push_back(std::move(s));
+  }
   return out;
 }
 
 ProjectionShape parse_shape(const std::string& text) {
   const size_t x = text.find('x');
-  FP8PROJ_CHECK(x != std::string::npos, "shape ", quote_excerpt(text), " must look like NxK, e.g. 16384x2048");
+  FP8PROJ_CHECK(x != std::string::npos, "--shape ", quote_excerpt(text), " must look like NxK, e.g. 16384x2048");
   ProjectionShape s;
   s.model = "custom";
   s.gemm = "gemm";
   s.n = parse_int(text.substr(0, x), "--shape N", 1, kMaxCliDim);
   s.k = parse_int(text.substr(x + 1), "--shape K", 1, kMaxCliDim);
-  FP8PROJ_CHECK(s.n * s.k <= kMaxCliElements, "shape ", text, " has ", s.n * s.k, " weight elements, more than the ",
+  FP8PROJ_CHECK(s.n * s.k <= kMaxCliElements, "--shape ", text, " has ", s.n * s.k, " weight elements, more than the ",
                 kMaxCliElements, " (128 GiB of bf16) the CLI accepts");
   return s;
 }
@@ -137,6 +225,29 @@ nlohmann::json result_stamp() {
           {"cublaslt", d.cublaslt_version},
           {"fp8proj", fp8proj_version()},
           {"time_utc", when}};
+}
+
+void check_outputs(const std::vector<NamedPath>& outputs, const std::vector<NamedPath>& inputs) {
+  namespace fs = std::filesystem;
+  std::vector<std::pair<std::string, fs::path>> seen;  // (option, canonical path)
+  for (const auto& [what, path] : inputs)
+    if (!path.empty()) seen.emplace_back(what, fs::weakly_canonical(path));
+  for (const auto& [what, path] : outputs) {
+    if (path.empty()) continue;
+    const fs::path p(path);
+    const fs::path dir = p.parent_path().empty() ? fs::path(".") : p.parent_path();
+    FP8PROJ_CHECK(!fs::is_directory(p), what, " ", quote_excerpt(path), " is a folder; name a file");
+    FP8PROJ_CHECK(fs::is_directory(dir), what, " ", quote_excerpt(path), ": the folder ", quote_excerpt(dir.string()),
+                  " does not exist");
+    FP8PROJ_CHECK(::access(dir.c_str(), W_OK) == 0, what, " ", quote_excerpt(path), ": the folder ",
+                  quote_excerpt(dir.string()), " is not writable");
+    FP8PROJ_CHECK(!fs::exists(p) || ::access(p.c_str(), W_OK) == 0, what, " ", quote_excerpt(path),
+                  " exists and is not writable");
+    const fs::path canonical = fs::weakly_canonical(p);
+    for (const auto& [other, q] : seen)
+      FP8PROJ_CHECK(q != canonical, what, " and ", other, " name the same file ", quote_excerpt(path));
+    seen.emplace_back(what, canonical);
+  }
 }
 
 void write_text(const std::string& path, const std::string& text) {

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -18,7 +19,7 @@
 
 namespace fp8proj::cli {
 
-// Bounds of the CLI's numbers (README, "Command-line limits"). Every number is parsed by
+// Bounds of the CLI's numbers (docs/robustness.md, "CLI bounds"). Every number is parsed by
 // fp8proj/numbers.hpp's one rule; out of bounds is an error naming the option.
 inline constexpr int64_t kMaxCliM = int64_t(1) << 31;        // token counts (--m, --max-m, ...)
 inline constexpr int64_t kMaxCliDim = int64_t(1) << 31;      // N, K of --shape / --case
@@ -26,16 +27,52 @@ inline constexpr int64_t kMaxCliElements = int64_t(1) << 36; // N x K of --shape
 inline constexpr int64_t kMaxCliTp = 1024;                   // --tp
 inline constexpr int64_t kMaxCliReps = 1'000'000;            // --reps, --warmup
 inline constexpr int64_t kMaxCliListItems = 4096;            // entries of a list option
+// verify: M, N, K of --case and --m at most 2^16; the host fp64 oracle's work per case, M x N x K,
+// at most 2^36 multiply-adds (about 5x the largest case scripts/h200.sh runs, minutes on a CPU),
+// and M x N, N x K, M x K at most 2^28 elements (2 GiB of doubles).
+inline constexpr int64_t kMaxVerifyDim = int64_t(1) << 16;
+inline constexpr int64_t kMaxVerifyWork = int64_t(1) << 36;
+inline constexpr int64_t kMaxVerifyElements = int64_t(1) << 28;
+// --seed: 0 .. 2^63-1, the non-negative range of the one integer rule (an int64); the value is
+// then used as the uint64 seed of the random fills.
+inline constexpr int64_t kMaxCliSeed = kInt64Max;
 
-// CLI11 validators with the one number rule: an integer in [lo, hi] / a finite number in [lo, hi].
+// CLI11 validators with the one number rule: an integer in [lo, hi] / a finite number in [lo, hi]
+// (with above_lo: in (lo, hi]). They also rewrite the accepted text as plain decimal, because
+// CLI11 then converts it itself with strtoll(.., 0), which would read "010" as octal 8: register
+// them with ->transform(), which keeps the rewrite (->check() validates a copy).
 CLI::Validator int_in(int64_t lo, int64_t hi);
-CLI::Validator number_in(double lo, double hi);
+CLI::Validator number_in(double lo, double hi, bool above_lo = false);
+
+// The rules every option shares, applied to the whole app after the subcommands registered:
+// an option that takes a value refuses an empty or blank one ("--m ''" is an error naming the
+// option, never "use the default"; leave the option out for that).
+void refuse_blank_values(CLI::App& app);
+// Before CLI11 parses argv: "--opt=" with nothing (or only blanks) after '=' is an error; CLI11
+// would take the next argument as the value instead. Throws CLI::ValidationError.
+void refuse_empty_assignments(int argc, const char* const* argv);
+
+// A list option: comma-separated entries ("glm5,deepseek-v3"), and the option may be repeated
+// (--shape A --shape B). The entries of all values in order, duplicates dropped (the first
+// kept); an empty entry ("a,,b", "a,", ",") or more than kMaxCliListItems entries throws
+// fp8proj::Error naming the option.
+std::vector<std::string> list_entries(const std::vector<std::string>& values, const std::string& what);
+
+// The models a --model option names (list_entries), each one of model_names() (models.hpp).
+std::vector<std::string> parse_models(const std::vector<std::string>& values, const std::string& what = "--model");
+
+// Each TP size divides the heads of each model (MLA shards by heads), else fp8proj::Error naming
+// --tp and the sizes that do.
+void check_tp_sizes(const std::vector<std::string>& models, const std::vector<int>& tps);
 
 // "1,16,64" or "1-32768" (powers of two in the range) -> sorted unique values in [lo, kMaxCliM].
 std::vector<int64_t> parse_m_list(const std::string& text, int64_t lo = 1, const std::string& what = "--m");
 // "16384x2048" -> ProjectionShape{model "custom"}; N, K <= kMaxCliDim, N x K <= kMaxCliElements.
 ProjectionShape parse_shape(const std::string& text);
-// "1,4,8" -> ints in [lo, hi] (default: tensor-parallel sizes).
+// The --shape entries of a command, parsed, duplicates (same N and K) dropped.
+std::vector<ProjectionShape> parse_shapes(const std::vector<std::string>& values);
+// "1,4,8" -> ints in [lo, hi] (default: tensor-parallel sizes) in the order given, duplicates
+// dropped.
 std::vector<int> parse_int_list(const std::string& text, const std::string& what = "--tp", int64_t lo = 1,
                                 int64_t hi = kMaxCliTp);
 
@@ -61,6 +98,14 @@ double time_or_host(MemorySpace space, const std::function<void(StreamHandle)>& 
 // per variant do not. An empty function gives 0.
 std::vector<double> time_interleaved(MemorySpace space, const std::vector<std::function<void(StreamHandle)>>& fns,
                                      const TimingOptions& options);
+
+// Files a command will write, checked before any work so that a long run does not end in an
+// error: each is (option, path), "" meaning none. A path must not be a folder, its folder must
+// exist and be writable (an existing file too), and no two of them, nor one of them and an input
+// file (`inputs`, same form), may be the same file. Throws fp8proj::Error naming the option.
+// A write that still fails (a full disk) is write_text's error.
+using NamedPath = std::pair<std::string, std::string>;
+void check_outputs(const std::vector<NamedPath>& outputs, const std::vector<NamedPath>& inputs = {});
 
 // The header every result file carries: GPU, clocks, versions, commit, time.
 nlohmann::json result_stamp();

@@ -4,6 +4,7 @@
 #include <exception>
 
 #include "commands.hpp"
+#include "common.hpp"
 #include "fp8proj/device.hpp"
 
 int main(int argc, char** argv) {
@@ -17,7 +18,9 @@ int main(int argc, char** argv) {
   fp8proj::cli::register_tune(app);
   fp8proj::cli::register_tp(app);
   fp8proj::cli::register_layer(app);
+  fp8proj::cli::refuse_blank_values(app);
   try {
+    fp8proj::cli::refuse_empty_assignments(argc, argv);
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);

@@ -93,7 +93,7 @@ std::vector<int> parse_layers(const std::string& text, int64_t count) {
     for (int i = 0; i < count; ++i) out.push_back(i);
     return out;
   }
-  for (int v : parse_int_list(text)) {
+  for (int v : parse_int_list(text, "--layers", 0, INT32_MAX)) {
     FP8PROJ_CHECK(v >= 0 && v < count, "--layers: layer ", v, " is outside 0..", count - 1,
                   " (num_hidden_layers = ", count, ")");
     out.push_back(v);
@@ -216,6 +216,8 @@ void run_verify_checkpoint(const VerifyCheckpointArgs& a) {
   const Checkpoint ck(a.checkpoint);
   const MlaDims& d = cfg.dims;
   FP8PROJ_CHECK(a.m > 0, "--m must be positive, got ", a.m);
+  const std::vector<int> layers = parse_layers(a.layers, cfg.layers);  // before anything prints
+  check_outputs({{"--json", a.json}, {"--csv", a.csv}}, {{"--checkpoint", a.checkpoint}});
 
   fmt::print("{}\n", space_banner(choose_space(false)));
   fmt::print("checkpoint {}: {} tensors in {} file{}; model_type {}, {} layer{}{}\n", a.checkpoint, ck.size(),
@@ -226,7 +228,6 @@ void run_verify_checkpoint(const VerifyCheckpointArgs& a) {
              d.hidden, d.heads, d.q_lora_rank, d.kv_lora_rank, d.qk_nope, d.qk_rope, d.v_head);
   fmt::print("GEMM error on M = {} random rows of the model's scale (seed {})\n\n", a.m, a.seed);
 
-  const std::vector<int> layers = parse_layers(a.layers, cfg.layers);
   std::vector<Result> results;
   int failures = 0;
   fmt::print("{:>5} {:<19} {:>6} {:>6} {:<7} {:<9} {:<6} {:>10} {:>9} {:>9} {:>8}  {:<14} {:>10} {:>10} {:>9}\n",

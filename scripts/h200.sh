@@ -82,6 +82,11 @@ want info && {
   # of a device copy of the tree can be older than its files, so it is not printed.
   { nvidia-smi; nvidia-smi -q -d CLOCK,POWER | head -60; lscpu | grep -E "Model name|^CPU\(s\)|MHz"; "$FP8" info; } \
     >"$R/info.log" 2>&1
+  # ECC counters, remapped rows and the kernel log's Xid lines, before and after the run: a device
+  # fault with a hardware cause shows there (docs/robustness.md, the fault hunt).
+  gpu_health() { nvidia-smi -q -d ECC,ROW_REMAPPER,PAGE_RETIREMENT; dmesg 2>/dev/null | grep -iE "xid|nvrm" | tail -20; }
+  gpu_health >"$R/gpu_health_before.log" 2>&1
+  trap 'gpu_health >"$R/gpu_health_after.log" 2>&1; finish' EXIT
   "$FP8" info | head -20
 }
 want tests && {

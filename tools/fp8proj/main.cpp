@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   fp8proj::cli::register_tune(app);
   fp8proj::cli::register_tp(app);
   fp8proj::cli::register_layer(app);
+  fp8proj::cli::register_soak(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

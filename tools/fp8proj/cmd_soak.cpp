@@ -499,7 +499,9 @@ void register_soak(CLI::App& app) {
   cmd->add_flag("--cpu", a->cpu, "Use the CPU reference (small shapes) even if a GPU is present");
   cmd->add_option("--shapes", a->shapes, "model, small, all, or a list of NxK")->capture_default_str();
   cmd->add_option("--m", a->m, "Fix M: a list '777' or '1,777,4097' (default: drawn, biased to partial tiles)");
-  cmd->add_option("--max-m", a->max_m, "Largest M drawn [default: 32768 on the GPU, 256 on the CPU]")
+  cmd->add_option("--max-m", a->max_m,
+                  "Largest M drawn [default: 32768 on the GPU, 256 on the CPU]; with --m, the workspaces' rows "
+                  "[default: the largest --m]")
       ->check(int_in(1, kMaxCliM));
   cmd->add_option("--paths", a->paths, "Paths: all, or a list of bf16, fp8, cublaslt, rmsnorm, quantized")
       ->capture_default_str();

@@ -3,6 +3,7 @@
 //   soak_draw.cpp    what one iteration runs, drawn from (seed, iteration) alone
 //   soak_layers.cpp  the layers, cached and reused across iterations as a server would
 //   soak_check.cpp   inputs, guarded outputs, the checks against the fp64 oracle
+//   soak_run.cpp     one iteration: the calls (eager or a CUDA graph), then the checks
 //   soak_device.cpp  streams, CUDA graphs and the device's error state (stubs without CUDA)
 #pragma once
 
@@ -39,7 +40,7 @@ class Rng {
   int64_t uniform(int64_t lo, int64_t hi);  // inclusive
   double unit();                            // [0, 1)
   bool chance(double p) { return unit() < p; }
-  // exp(uniform(log lo, log hi)), rounded: every decade is equally likely.
+  // exp(uniform(log lo, log(hi + 1))), truncated: every decade is about equally likely.
   int64_t log_uniform(int64_t lo, int64_t hi);
 
  private:
@@ -237,7 +238,7 @@ class GuardedOutputs {
     int64_t first = -1;  // offset from the output's start (negative: before it)
   };
   Damage check_guards(int i) const;
-  std::vector<uint16_t> fetch(int i) const;
+  void fetch(int i, std::vector<uint16_t>& into) const;  // output i's bits (into keeps its capacity)
   // The test seam's corruptions (--inject-fault), written into the buffer itself.
   void poke_guard_after(int i) const;
   void poke_element(int i, int64_t index, uint16_t bits) const;
@@ -335,6 +336,7 @@ class Runner {
   Inputs in_;
   GuardedOutputs out_;
   std::vector<std::string> launch_what_;  // per call of the current draw: path via backend [config]
+  std::vector<uint16_t> bits_;            // an output's bits on the host
 };
 
 // ---- the device (soak_device.cpp) -------------------------------------------------------------

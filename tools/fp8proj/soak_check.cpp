@@ -121,10 +121,9 @@ GuardedOutputs::Damage GuardedOutputs::check_guards(int i) const {
   return d;
 }
 
-std::vector<uint16_t> GuardedOutputs::fetch(int i) const {
-  std::vector<uint16_t> v(out_bytes_ / sizeof(uint16_t));
-  copy_bytes(v.data(), MemorySpace::host, out(i), space_, out_bytes_);
-  return v;
+void GuardedOutputs::fetch(int i, std::vector<uint16_t>& into) const {
+  into.resize(out_bytes_ / sizeof(uint16_t));
+  copy_bytes(into.data(), MemorySpace::host, out(i), space_, out_bytes_);
 }
 
 void GuardedOutputs::poke_guard_after(int i) const {
@@ -185,7 +184,7 @@ OutputCheck check_output(const Draw& d, const GuardedOutputs& out, int i, bool f
                                      "from the output's start, which is {} bytes long)",
                                      c.guard.before, c.guard.after, c.guard.first, out.out_bytes()));
   const int64_t m = d.m, n = d.shape.n;
-  bits = out.fetch(i);
+  out.fetch(i, bits);
   int64_t first_unwritten = -1, first_bad = -1;
   for (int64_t r = 0; r < m; ++r)
     for (int64_t j = 0; j < n; ++j) {

@@ -133,14 +133,15 @@ void Runner::inject(const Draw& d, IterationResult& r) const {
 
 void Runner::check(const Draw& d, LayerGroup& g, IterationResult& r) {
   std::optional<std::vector<double>> ref[2];  // bf16, FP8: computed when an output needs it
-  std::vector<uint16_t> first, bits;
+  std::vector<uint16_t>& bits = bits_;  // reused: an output is up to 2 GB
+  std::vector<uint16_t> first;
   for (int o = 0; o < d.outputs(); ++o) {
     const bool twin = o == static_cast<int>(d.calls.size());
     const Call& c = d.calls[twin ? 0 : o];
     const bool fp8 = c.kind != Kind::bf16;
     if (!ref[fp8]) ref[fp8] = reference_rows(d, in_, g, fp8);
     OutputCheck chk = check_output(d, out_, o, fp8, *ref[fp8], twin ? &first : nullptr, bits);
-    if (o == 0 && d.twin) first = bits;
+    if (o == 0 && d.twin) first.swap(bits);  // kept for the twin; bits is refilled next
     const bool values_wrong = chk.compared && !(chk.rel_err <= chk.tol);
     r.guard_writes += (chk.guard.before || chk.guard.after) ? 1 : 0;
     r.wrong_outputs += (chk.unwritten || chk.non_finite || chk.nan_row_finite || values_wrong || chk.bits_differ) ? 1 : 0;

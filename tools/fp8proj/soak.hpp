@@ -376,6 +376,9 @@ class Graph {
 
 void memset_async(void* p, uint8_t value, size_t bytes, StreamHandle s);
 void synchronize(StreamHandle s);
+// Waits for all the device's work: the set-up copies (a pageable host-to-device cudaMemcpy can
+// return before its data lands) are complete before a call on a non-blocking stream reads them.
+void device_synchronize();
 // After an error: "alive" when the context still synchronises, else "dead: <the error>".
 std::string context_state();
 

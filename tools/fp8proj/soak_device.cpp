@@ -80,6 +80,8 @@ void memset_async(void* p, uint8_t value, size_t bytes, StreamHandle s) {
 
 void synchronize(StreamHandle s) { check(cudaStreamSynchronize(cuda(s)), "cudaStreamSynchronize"); }
 
+void device_synchronize() { check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
+
 std::string context_state() {
   const cudaError_t e = cudaDeviceSynchronize();
   if (e == cudaSuccess) return "alive";
@@ -100,6 +102,7 @@ void Graph::end(StreamHandle) { FP8PROJ_FAIL("soak: CUDA graphs need CUDA, which
 void Graph::launch(StreamHandle) const { FP8PROJ_FAIL("soak: CUDA graphs need CUDA, which this build has not"); }
 void memset_async(void*, uint8_t, size_t, StreamHandle) { FP8PROJ_FAIL("soak: no device memory without CUDA"); }
 void synchronize(StreamHandle) {}
+void device_synchronize() {}
 std::string context_state() { return "alive"; }
 
 #endif

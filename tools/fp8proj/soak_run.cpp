@@ -74,6 +74,7 @@ IterationResult Runner::run(const Draw& d) {
                                       launch_what_[c]));
     }
 
+    if (space_ == MemorySpace::device) device_synchronize();
     const StreamHandle s = streams_.get(d.stream);
     if (d.graph) {
       Graph graph;

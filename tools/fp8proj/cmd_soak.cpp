@@ -39,9 +39,10 @@ struct SoakArgs {
   bool cpu = false, no_graphs = false, no_flush = false, stop_on_first = true;
 };
 
-constexpr size_t kRingSize = 16;             // launches listed before a failure
-constexpr double kProgressSeconds = 5;       // a progress line at most this often
-constexpr int kMaxListedFailures = 20;       // with --no-stop-on-first, in the JSON
+constexpr size_t kRingSize = 16;        // launches listed before a failure
+constexpr int64_t kMaxSoakM = 65536;    // twice the design's largest M; an output <= 4 GiB at N = 32768
+constexpr double kProgressSeconds = 5;  // a progress line at most this often
+constexpr int kMaxListedFailures = 20;  // with --no-stop-on-first, in the JSON
 const char* const kPathNames[] = {"bf16", "fp8", "cublaslt", "rmsnorm", "quantized"};
 
 std::vector<std::string> split_list(const std::string& text, const std::string& what) {
@@ -153,7 +154,8 @@ void SoakRun::setup_draw_space() {
     ds_.fixed_m = parse_m_list(a_.m, 0, "--m");
     ds_.chunking = false;  // the M asked for runs as one launch
     if (a_.max_m == 0) ds_.max_m = std::max<int64_t>(4, ds_.fixed_m.back());
-    FP8PROJ_CHECK(ds_.fixed_m.back() <= ds_.max_m, "--m ", ds_.fixed_m.back(), " is above --max-m ", ds_.max_m);
+    FP8PROJ_CHECK(ds_.fixed_m.back() <= std::min(ds_.max_m, kMaxSoakM), "--m ", ds_.fixed_m.back(), " is above ",
+                  ds_.max_m < kMaxSoakM ? fmt::format("--max-m {}", ds_.max_m) : fmt::format("{}", kMaxSoakM));
   }
   // Shapes.
   if (a_.shapes == "all" || a_.shapes == "model") ds_.model = model_shapes(gpu_);
@@ -502,7 +504,7 @@ void register_soak(CLI::App& app) {
   cmd->add_option("--max-m", a->max_m,
                   "Largest M drawn [default: 32768 on the GPU, 256 on the CPU]; with --m, the workspaces' rows "
                   "[default: the largest --m]")
-      ->check(int_in(1, kMaxCliM));
+      ->check(int_in(1, kMaxSoakM));
   cmd->add_option("--paths", a->paths, "Paths: all, or a list of bf16, fp8, cublaslt, rmsnorm, quantized")
       ->capture_default_str();
   cmd->add_option("--configs", a->configs,

@@ -10,7 +10,7 @@
 #                                               sanitize_matrix profile python
 #                                               ntail layer_dense decode_policy layer_residual
 #                                               faults sanitize_all tune_dense deepgemm_ntail
-#                                               python_overhead python_tests python_bench
+#                                               python_overhead python_tests python_bench soak
 #                                               (default: info tests verify bench layer harness
 #                                               sanitize)
 # Each step has its own timeout so that one hang cannot eat the whole budget.
@@ -216,6 +216,14 @@ want sanitize_matrix && command -v compute-sanitizer >/dev/null && [ -x "$BIN/sm
   run sanitize_matrix "${SANITIZE_MATRIX_S:-480}" python3 scripts/sanitize_matrix.py --harness "$BIN/sm90_fp8_gemm_harness" \
     --gpu-tests "$BIN/fp8proj_gpu_tests" --out "$R/sanitize_matrix" --jobs "${SANITIZE_JOBS:-12}" \
     --timeout "${SANITIZE_MATRIX_S:-480}"
+# soak: `fp8proj soak` for SOAK_MINUTES (default 4) from SOAK_SEED (default 1): seeded random
+# shapes, M, paths, sm90 configurations, streams, CUDA graphs and L2 flushes, every output checked
+# (docs/robustness.md, "The soak"); SOAK_ARGS adds options, e.g. the hammer on one launch
+# "--shapes 24576x1536 --m 777 --configs m128n192_ws2_st4 --paths fp8". The step's timeout leaves
+# 2 minutes past the soak's own end for the layers' set-up and the last iteration.
+want soak && run soak "$(awk -v m="${SOAK_MINUTES:-4}" 'BEGIN { printf "%d", m * 60 + 120 }')" \
+  "$FP8" soak --minutes "${SOAK_MINUTES:-4}" --seed "${SOAK_SEED:-1}" --json "$R/soak.json" --log "$R/soak_iterations.log" \
+  ${SOAK_ARGS:-}
 # faults: the layer and the C ABI under tuned-table faults (tests/gpu/test_faults.py).
 want faults && [ -x "$BIN/fp8proj_fault_probe_layer" ] && \
   run faults 240 python3 tests/gpu/test_faults.py "$BIN/fp8proj_fault_probe_layer" "$BIN/fp8proj_fault_probe_capi"

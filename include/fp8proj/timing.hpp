@@ -29,4 +29,10 @@ Timing time_host(const std::function<void()>& fn, const TimingOptions& options =
 Timing time_device(const std::function<void(StreamHandle)>& fn, StreamHandle stream,
                    const TimingOptions& options = {});
 
+// The flush time_device does before each timed call: a write of twice the L2 size on
+// `stream`, which leaves the cache full of dirty lines as a model's other layers do. Device
+// only. The first call allocates the buffer (make it outside CUDA-graph capture); later calls
+// are one cudaMemsetAsync and can be captured.
+void flush_l2(StreamHandle stream);
+
 }  // namespace fp8proj

@@ -33,6 +33,7 @@ Timing time_host(const std::function<void()>& fn, const TimingOptions& o) {
 Timing time_device(const std::function<void(StreamHandle)>&, StreamHandle, const TimingOptions&) {
   FP8PROJ_FAIL("device timing asked for, but this build has no CUDA");
 }
+void flush_l2(StreamHandle) { FP8PROJ_FAIL("an L2 flush asked for, but this build has no CUDA"); }
 #endif
 
 }  // namespace fp8proj

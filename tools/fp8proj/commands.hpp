@@ -12,5 +12,6 @@ void register_explain(CLI::App& app);
 void register_tune(CLI::App& app);
 void register_tp(CLI::App& app);
 void register_layer(CLI::App& app);
+void register_soak(CLI::App& app);
 
 }  // namespace fp8proj::cli

@@ -19,18 +19,24 @@ struct L2Flusher {
   ~L2Flusher() { cudaFree(buf); }
   void flush(cudaStream_t s) { CUDA_CHECK(cudaMemsetAsync(buf, 0x5a, bytes, s)); }
 };
+
+L2Flusher& flusher() {
+  static L2Flusher f;
+  return f;
+}
 }  // namespace
+
+void flush_l2(StreamHandle stream) { flusher().flush(static_cast<cudaStream_t>(stream)); }
 
 Timing time_device(const std::function<void(StreamHandle)>& fn, StreamHandle stream, const TimingOptions& o) {
   FP8PROJ_CHECK(o.reps > 0 && o.warmup >= 0, "timing needs reps > 0 and warmup >= 0");
-  static L2Flusher flusher;
   auto s = static_cast<cudaStream_t>(stream);
   for (int i = 0; i < o.warmup; ++i) fn(stream);
   CUDA_CHECK(cudaStreamSynchronize(s));
   std::vector<cudaEvent_t> ev(2 * o.reps);
   for (auto& e : ev) CUDA_CHECK(cudaEventCreate(&e));
   for (int i = 0; i < o.reps; ++i) {
-    if (o.flush_l2) flusher.flush(s);
+    if (o.flush_l2) flush_l2(stream);
     CUDA_CHECK(cudaEventRecord(ev[2 * i], s));
     fn(stream);
     CUDA_CHECK(cudaEventRecord(ev[2 * i + 1], s));

@@ -333,6 +333,8 @@ def test_opcheck_every_op():
     wv, ws = ops.quantize_weight(lin.weight)
     cases = [
         (torch.ops.fp8proj.quantize_activation.default, (x,)),
+        (torch.ops.fp8proj.quantize_activation.default, (x, "float")),
+        (torch.ops.fp8proj.quantize_weight.default, (lin.weight.detach(), "float")),
         (torch.ops.fp8proj.rmsnorm_quantize.default, (x, norm.weight.detach(), 1e-6)),
         (torch.ops.fp8proj.quantize_weight.default, (lin.weight.detach(),)),
         (torch.ops.fp8proj.fp8_gemm.default, (xv, xs, wv, ws)),
@@ -363,3 +365,51 @@ def test_opcheck_every_op():
             torch.library.opcheck(op, args, test_utils=utils if fp8_io else ("test_schema",) + utils)
         for b, t in zip(before, tensors):
             assert torch.equal(b.view(torch.uint8), t.view(torch.uint8)), f"{op} mutated an input"
+
+
+# ---- the fp32 ("float") scale format and FP8 checkpoints (fp8proj.fp8_linear) ------------------------
+
+def _float_rule_weight(w):
+    """fp8proj's fp32 weight rule in torch on the GPU (one IEEE division each step)."""
+    n, k = w.shape
+    rb, cb = -(-n // 128), -(-k // 128)
+    wp = torch.zeros(rb * 128, cb * 128, device=w.device)
+    wp[:n, :k] = w.float()
+    blocks = wp.view(rb, 128, cb, 128)
+    a = blocks.abs().amax(dim=(1, 3)).clamp_min(1e-4)
+    s = a / torch.full_like(a, 448.0)  # a tensor divisor: IEEE division (a scalar one is a reciprocal multiply)
+    q = (blocks / s[:, None, :, None]).clamp(-448, 448).to(E4M3).view(rb * 128, cb * 128)[:n, :k]
+    return q.contiguous(), s
+
+
+@pytest.mark.parametrize("m", [1, 5, 4096])
+def test_float_activation_scales_bit_identical(m):
+    from fp8proj.fp8_linear import quantize_activation_float_reference
+    x = torch.randn(m, 512, dtype=BF16, device="cuda") * 3
+    x[0, 7] = 1e-12  # tiny values in one group
+    v, s = ops.quantize_activation(x, "float")
+    rv, rs = quantize_activation_float_reference(x)
+    assert _same(v, rv) and _same(_valid_scales(s, m), rs.t().contiguous())
+    assert _rel(_dequant_x(v, s), x) < 0.07
+
+
+@pytest.mark.parametrize("n,k", [(384, 256), (300, 256), (2624, 6144)])
+def test_float_weight_scales_bit_identical(n, k):
+    w = torch.randn(n, k, dtype=BF16, device="cuda") * 0.02
+    v, s = ops.quantize_weight(w, "float")
+    rv, rs = _float_rule_weight(w)
+    assert _same(v, rv) and _same(s, rs)
+    v8, s8 = ops.quantize_weight(w)  # UE8M0: the same GEMM takes either
+    x = torch.randn(64, k, dtype=BF16, device="cuda")
+    xv, xs = ops.quantize_activation(x)
+    for wv, ws in ((v, s), (v8, s8)):
+        assert _rel(ops.fp8_gemm(xv, xs, wv, ws), _dequant_x(xv, xs) @ _dequant_w(wv, ws).t()) < 8e-3
+
+
+def test_projection_with_float_weight_scales():
+    lin, mod = _fp8_linear(scales="float")
+    assert mod.weight_scales() == "float"
+    v, s = ops.quantize_weight(lin.weight.detach(), "float")
+    x = torch.randn(2048, 512, dtype=BF16, device="cuda")
+    xv, xs = ops.quantize_activation(x)
+    assert _same(mod(x), ops.fp8_gemm(xv, xs, v, s))  # the layer's copy is the float-rule one

@@ -159,13 +159,13 @@ size_t fp8_copy_bytes(int64_t n, int64_t k) {
 
 // The GEMM errors of one projection on activations x [m, k] (already bf16-representable).
 std::vector<GemmRow> gemm_errors(const std::vector<bf16>& w, int64_t n, int64_t k, const std::vector<float>& xf,
-                                 int64_t m) {
+                                 int64_t m, ScaleMode mode) {
   std::vector<bf16> x(xf.size());
   for (size_t i = 0; i < xf.size(); ++i) x[i] = float_to_bf16(xf[i]);
   HostFp8Activation qx = make_host_fp8_activation(m, k);
   HostFp8Weight qw = make_host_fp8_weight(n, k);
   cpu::quantize_activation(x.data(), m, k, qx.out());
-  cpu::quantize_weight(w.data(), n, k, qw.out());
+  cpu::quantize_weight(w.data(), n, k, qw.out(), mode);
   const std::vector<float> wf = cpu::to_float(w.data(), n * k);
   const std::vector<float> xq = cpu::dequantize(qx.view()), wq = cpu::dequantize(qw.view());
   const std::vector<double> exact = cpu::gemm_f64(xf.data(), wf.data(), m, n, k);
@@ -280,7 +280,7 @@ void run_verify_checkpoint(const VerifyCheckpointArgs& a) {
       r.fp8_bytes = fp8_copy_bytes(w.n, w.k);
       if (w.k % 128 == 0) {  // the 1x128 activation groups need K % 128 == 0; any N quantizes
         HostFp8Weight q = make_host_fp8_weight(w.n, w.k);
-        cpu::quantize_weight(w.values.data(), w.n, w.k, q.out());
+        cpu::quantize_weight(w.values.data(), w.n, w.k, q.out(), a.weight_scales);
         const std::vector<float> wq = cpu::dequantize(q.view()), wf = cpu::to_float(w.values.data(), w.n * w.k);
         r.weight_err = rel_frobenius(wq.data(), wf.data(), wf.size());
 
@@ -292,7 +292,7 @@ void run_verify_checkpoint(const VerifyCheckpointArgs& a) {
         cpu::quantize_activation(x.data(), a.m, w.k, qx.out());
         const std::vector<float> xq = cpu::dequantize(qx.view());
         r.act_err = rel_frobenius(xq.data(), x.data(), x.size());
-        r.gemm = gemm_errors(w.values, w.n, w.k, x, a.m);
+        r.gemm = gemm_errors(w.values, w.n, w.k, x, a.m, a.weight_scales);
       }
       for (const GemmRow& g : r.gemm)
         if (!g.pass) ++failures;

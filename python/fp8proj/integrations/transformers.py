@@ -112,17 +112,20 @@ def _linear_skip_reason(lin: Optional[nn.Module]) -> str:
 
 def patch(model: nn.Module, *, enabled: Optional[bool] = True, policy: str = "prefill",
           targets: Sequence[str] = DEFAULT_TARGETS, fuse_norm: bool = True, share_workspace: bool = True,
-          **layer_opts) -> PatchReport:
+          scales: Optional[str] = None, **layer_opts) -> PatchReport:
     """Replace `targets` of every MLA attention module of `model` in place (see the module doc).
-    layer_opts: threshold, decode_ceiling, max_tokens, fp8_backend (as for Fp8ProjLinear). The
-    FP8PROJ_* knobs override enabled/policy/threshold as in C++. Patch again after moving the
-    model to another device only if it was patched on the CPU: modules rebuild their FP8 copies
-    on .to()/.cuda() themselves."""
+    scales: the scale format of the FP8 copies made from bf16 weights, "ue8m0" (None: the
+    default) or "float" (fp32 amax/448). layer_opts: threshold, decode_ceiling, max_tokens,
+    fp8_backend (as for Fp8ProjLinear). The FP8PROJ_* knobs override enabled/policy/threshold/
+    scales as in C++. Patch again after moving the model to another device only if it was
+    patched on the CPU: modules rebuild their FP8 copies on .to()/.cuda() themselves."""
     if isinstance(targets, str):
         raise TypeError(f"fp8proj: targets must be a sequence of names (e.g. ALL_TARGETS), got the string {targets!r}")
     unknown = set(targets) - set(ALL_TARGETS)
     if unknown:
         raise ValueError(f"fp8proj: unknown targets {sorted(unknown)}")
+    if scales is not None and scales not in ("ue8m0", "float"):
+        raise ValueError(f"fp8proj: scales must be 'ue8m0' or 'float', got {scales!r}")
     report = PatchReport()
     originals: List[Tuple[nn.Module, str, nn.Module]] = getattr(model, _ORIGINALS, [])
     attns = find_mla_attention(model)
@@ -136,7 +139,7 @@ def patch(model: nn.Module, *, enabled: Optional[bool] = True, policy: str = "pr
     # One workspace per kind for the whole model (calls on one stream run one after another):
     # without it every layer would hold max_tokens x K bytes of its own.
     spaces: Dict[bool, Optional[Workspace]] = {False: None, True: None}
-    opts = dict(enabled=enabled, policy=policy, **layer_opts)
+    opts = dict(enabled=enabled, policy=policy, scales=scales, **layer_opts)
     plan = []  # (attn name, attn, target, fused?)
     for aname, attn in attns:
         for t in targets:

@@ -413,3 +413,86 @@ def test_projection_with_float_weight_scales():
     x = torch.randn(2048, 512, dtype=BF16, device="cuda")
     xv, xs = ops.quantize_activation(x)
     assert _same(mod(x), ops.fp8_gemm(xv, xs, v, s))  # the layer's copy is the float-rule one
+
+
+def _checkpoint_linear(n=1024, k=512, scale_fmt="float", bias=False):
+    from transformers.integrations.finegrained_fp8 import FP8Linear
+    from fp8proj.fp8_linear import Fp8CheckpointLinear
+    torch.manual_seed(1)
+    lin = FP8Linear(k, n, block_size=(128, 128), scale_fmt=scale_fmt, has_bias=bias).to("cuda")
+    w = torch.randn(n, k, device="cuda") * 0.02
+    q, s = _float_rule_weight(w)
+    lin.weight.data = q
+    lin.weight_scale_inv.data = s.to(torch.float8_e8m0fnu) if scale_fmt == "ue8m0" else s * 1.37  # not powers of 2
+    if bias:
+        lin.bias.data = (torch.randn(n, device="cuda") * 0.1).to(BF16)
+    return lin, Fp8CheckpointLinear(lin, name="ckpt.o_proj")
+
+
+@pytest.mark.parametrize("scale_fmt,bias,m", [("float", False, 1), ("float", True, 4096), ("ue8m0", False, 333)])
+def test_checkpoint_linear_kernel_against_dequantized_product(scale_fmt, bias, m):
+    lin, mod = _checkpoint_linear(scale_fmt=scale_fmt, bias=bias)
+    assert mod.uses_fp8_kernel and mod.explain(m).startswith(f"M={m}: fp8 via sm90_fp8_block")
+    x = torch.randn(m, 512, dtype=BF16, device="cuda")
+    y = mod(x)
+    xv, xs = ops.quantize_activation(x, "float")
+    ref = _dequant_x(xv, xs) @ _dequant_w(lin.weight, lin.weight_scale_inv.float()).t()
+    if bias:
+        ref = ref + lin.bias.float()
+    assert y.dtype == BF16 and _rel(y, ref) < 2e-3 + 2e-3  # the kernel's bound plus the bias add's rounding
+    assert _rel(y, mod._reference(x)) < 8e-3  # the CPU fallback's numerics, the same recipe
+    mem = mod.memory()
+    assert mem["fp8_weight"] == 1024 * 512 and mem["extra"] == (4 * 8 * 4 if scale_fmt == "ue8m0" else 0)
+
+
+def test_checkpoint_linear_compiled_and_graphed_bit_exact():
+    torch._dynamo.reset()
+    lin, mod = _checkpoint_linear()
+    mod.prepare()
+    x = torch.randn(64, 512, dtype=BF16, device="cuda")
+    eager = mod(x)
+    assert _same(torch.compile(mod, fullgraph=True)(x), eager)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        mod(x)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = mod(x)
+    x.copy_(torch.randn_like(x))
+    g.replay()
+    torch.cuda.synchronize()
+    assert _same(y, mod(x))
+
+
+def test_fp8_checkpoint_model_patched_end_to_end():
+    """A tiny DeepseekV3 whose linears are transformers' FP8Linear: patch takes them all, the model
+    runs (with or without the `kernels` package), unpatch puts the very modules back."""
+    import transformers
+    from transformers.integrations.finegrained_fp8 import FP8Linear
+    from fp8proj.integrations.transformers import ALL_FP8_LINEARS, patch, unpatch
+    torch.manual_seed(0)
+    bf16 = transformers.DeepseekV3ForCausalLM(tiny_deepseek_v3_config()).to(device="cuda", dtype=BF16).eval()
+    model = transformers.DeepseekV3ForCausalLM(tiny_deepseek_v3_config()).to(device="cuda", dtype=BF16).eval()
+    model.load_state_dict(bf16.state_dict())
+    originals = {}
+    for name, lin in list(model.named_modules()):
+        if type(lin) is nn.Linear and not name.endswith("lm_head"):
+            f = FP8Linear(lin.in_features, lin.out_features, block_size=(128, 128), scale_fmt="float").to("cuda")
+            q, sc = _float_rule_weight(lin.weight.detach())
+            f.weight.data, f.weight_scale_inv.data = q, sc
+            parent, _, attr = name.rpartition(".")
+            setattr(model.get_submodule(parent), attr, f)
+            originals[name] = f
+            with torch.no_grad():  # the bf16 model gets the dequantized weights (dequantize=True)
+                bf16.get_submodule(name).weight.copy_(_dequant_w(q, sc).to(BF16))
+    ids = torch.randint(0, 256, (4, 256), device="cuda")
+    ref = bf16(ids).logits
+    report = patch(model, targets=ALL_FP8_LINEARS)
+    assert sorted(report.fp8) == sorted(originals) and report.left == []
+    assert report.fp8_extra_bytes >= 0 and "FP8 checkpoint layers" in str(report)
+    out = model(ids).logits
+    assert _rel(out, ref) < 0.1, _rel(out, ref)
+    assert unpatch(model) == len(originals)
+    assert all(model.get_submodule(n) is m for n, m in originals.items())

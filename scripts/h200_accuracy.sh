@@ -59,7 +59,10 @@ fi
 
 run train 360 python3 accuracy/train.py --config "$CFG" --out "$R/train" --checkpoint-dir "$CK" || { log "training failed"; exit 1; }
 cp "$CK/config.json" "$R/train/checkpoint_config.json"
-run eval 200 python3 accuracy/eval.py --config "$CFG" --checkpoint "$CK" --out "$R/eval"
+# ACCURACY_WEIGHT_SCALES=ue8m0,float: every FP8 run once per scale format of the FP8 weight copies,
+# same batches (the table that chooses the default format).
+run eval 200 python3 accuracy/eval.py --config "$CFG" --checkpoint "$CK" --out "$R/eval" \
+  --weight-scales "${ACCURACY_WEIGHT_SCALES:-ue8m0}"
 run stress 120 python3 accuracy/stress.py --config "$CFG" --checkpoint "$CK" --m "$STRESS_M" --out "$R/stress"
 
 CLI="${FP8PROJ_CLI:-}"

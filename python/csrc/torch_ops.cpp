@@ -21,6 +21,7 @@
 #include <string>
 #include <tuple>
 #include <unordered_map>
+#include <vector>
 
 #include "fp8proj/c_api.h"
 
@@ -266,6 +267,11 @@ std::unordered_map<PlanKey, Plan, PlanKeyHash>& plans() {
   return *m;
 }
 
+std::vector<fp8proj_fp8_gemm*>& retired_plans() {
+  static auto* v = new std::vector<fp8proj_fp8_gemm*>();  // kept for the process: see plan_for
+  return *v;
+}
+
 fp8proj_fp8_gemm* plan_for(const Tensor& wv, const Tensor& ws, int64_t m, int32_t dev) {
   const PlanKey key{wv.data_ptr(), ws.data_ptr(), wv.size(0), wv.size(1), dev};
   std::lock_guard<std::mutex> lock(plans_mutex);
@@ -279,7 +285,9 @@ fp8proj_fp8_gemm* plan_for(const Tensor& wv, const Tensor& ws, int64_t m, int32_
   if (fp8proj_fp8_gemm_create(key.wv, static_cast<const float*>(key.ws), key.n, key.k, max_m, nullptr, &g) != 0)
     fail("fp8_gemm", std::string(fp8proj_last_error()) + " (a plan for a new weight or a larger M is made at the "
                      "first call, outside CUDA graph capture: run fp8_gemm once before capturing)");
-  if (it != table.end()) fp8proj_fp8_gemm_destroy(it->second.gemm);
+  // The smaller plan is retired, not destroyed: a CUDA graph captured with it (a decode step
+  // before a longer prefill grew the plan) still launches its kernels on its split-K workspace.
+  if (it != table.end()) retired_plans().push_back(it->second.gemm);
   table[key] = Plan{g, max_m};
   return g;
 }

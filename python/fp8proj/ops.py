@@ -172,6 +172,7 @@ class _GemmPlans:
 
     def __init__(self):
         self.plans: Dict[tuple, tuple] = {}
+        self.retired: list = []  # plans outgrown by a larger M: kept, a CUDA graph may still launch them
 
     def get(self, wv: torch.Tensor, ws: torch.Tensor, m: int) -> int:
         n, k = wv.shape
@@ -191,7 +192,10 @@ class _GemmPlans:
         _lib.check(lib.fp8proj_fp8_gemm_create(wv.data_ptr(), ws.data_ptr(), n, k, max_m, None, _lib.ctypes.byref(h)),
                    "fp8proj.fp8_gemm")
         if hit is not None:
-            lib.fp8proj_fp8_gemm_destroy(hit[0])
+            if hit[2]() is not None and hit[3]() is not None and hit[4] == _version(wv) and hit[5] == _version(ws):
+                self.retired.append(hit[0])  # the same weight, grown: a graph captured with it stays valid
+            else:
+                lib.fp8proj_fp8_gemm_destroy(hit[0])
         self.plans[key] = (h.value, max_m, weakref.ref(wv), weakref.ref(ws), _version(wv), _version(ws))
         return h.value
 

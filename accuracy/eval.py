@@ -2,6 +2,7 @@
 accuracy model with bf16 projections and with fp8proj's FP8 path, against the fp32 floor.
 
     python3 accuracy/eval.py --checkpoint DIR [--config accuracy/config.json] [--data .data] --out OUT
+                             [--weight-scales ue8m0|float|ue8m0,float]
 
 Runs (one model each, all fed the same batches):
   fp32                 the checkpoint in fp32 (TF32 off): the reference for the noise floor
@@ -14,6 +15,9 @@ Runs (one model each, all fed the same batches):
                        amax/448, e4m3 values, fp32 product, bf16 output) where M > 512, as the
                        prefill gate does: the expected numerics, on any device; on the GPU the
                        fp8proj rows should land beside it
+With --weight-scales ue8m0,float every FP8 run (the emulation included) runs once per scale format of
+the FP8 weight copies (suffix "[w ue8m0]" / "[w float]"), all on the same batches: the two formats
+side by side, each against bf16 and fp32.
 Per run against its reference, over every predicted position of non-overlapping windows of
 seq_len bytes (batch x seq_len tokens per call, so M > 512 and the prefill gate engages): bits
 per byte, KL(reference || run) of the next-byte distribution (mean, median, p99, max, as
@@ -49,6 +53,13 @@ BARS = {"bpb_rel_increase": 0.005, "kl_mean": 1e-3, "top1": 0.99}
 E4M3_MAX = 448.0
 
 
+def _float_scale(amax: torch.Tensor, eps: float) -> torch.Tensor:
+    """fp8proj's fp32 ("float") rule: fl32(max(amax, eps) / 448). The divisor is a tensor: torch
+    divides by a Python scalar as a multiplication by its reciprocal on CUDA, another rounding."""
+    a = amax.float().clamp_min(eps)
+    return a / torch.full_like(a, E4M3_MAX)
+
+
 def _pow2_scale(amax: torch.Tensor) -> torch.Tensor:
     """The power of two at or above amax/448 (fp8proj's UE8M0 rule), amax clamped at 1e-10."""
     q = amax.float().clamp_min(1e-10) / E4M3_MAX
@@ -57,13 +68,16 @@ def _pow2_scale(amax: torch.Tensor) -> torch.Tensor:
     return torch.where(s * 0.5 >= q, s * 0.5, s)
 
 
-def emulate_weight(w: torch.Tensor) -> torch.Tensor:
-    """dequant(quant(W)) in fp32 with 128x128 blocks (the last row block may be partial)."""
+def emulate_weight(w: torch.Tensor, scales: str = "ue8m0") -> torch.Tensor:
+    """dequant(quant(W)) in fp32 with 128x128 blocks (the last row block may be partial); scales
+    "ue8m0" (power of two at or above amax/448, amax clamped at 1e-10 here as for activations:
+    the weights' 1e-4 clamp never binds on a trained projection) or "float" (amax/448, 1e-4)."""
     n, k = w.shape
     assert k % 128 == 0, "K must be a multiple of 128"
     pad = (-n) % 128
     wp = torch.nn.functional.pad(w.float(), (0, 0, 0, pad)).view((n + pad) // 128, 128, k // 128, 128)
-    s = _pow2_scale(wp.abs().amax(dim=(1, 3), keepdim=True))
+    amax = wp.abs().amax(dim=(1, 3), keepdim=True)
+    s = _pow2_scale(amax) if scales == "ue8m0" else _float_scale(amax, 1e-4)
     q = (wp / s).to(torch.float8_e4m3fn).float() * s
     return q.view(n + pad, k)[:n]
 
@@ -79,10 +93,10 @@ class EmulatedFp8Linear(torch.nn.Module):
     """A bias-free nn.Linear whose calls with M > threshold rows run the block-scaled FP8 recipe
     in torch: the expected numerics of fp8proj's FP8 path, on any device."""
 
-    def __init__(self, linear: torch.nn.Linear, threshold: int = 512):
+    def __init__(self, linear: torch.nn.Linear, threshold: int = 512, scales: str = "ue8m0"):
         super().__init__()
         self.linear, self.threshold = linear, threshold
-        self.wq = emulate_weight(linear.weight.detach())
+        self.wq = emulate_weight(linear.weight.detach(), scales)
         self.fp8_calls = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -94,13 +108,13 @@ class EmulatedFp8Linear(torch.nn.Module):
         return y.to(x.dtype).view(*x.shape[:-1], -1)
 
 
-def emulate_patch(model, targets=DEFAULT_TARGETS, threshold: int = 512) -> list[str]:
+def emulate_patch(model, targets=DEFAULT_TARGETS, threshold: int = 512, scales: str = "ue8m0") -> list[str]:
     names = []
     for name, mod in list(model.named_modules()):
         for t in targets:
             lin = getattr(mod, t, None)
             if isinstance(lin, torch.nn.Linear) and lin.bias is None and lin.in_features % 128 == 0:
-                setattr(mod, t, EmulatedFp8Linear(lin, threshold))
+                setattr(mod, t, EmulatedFp8Linear(lin, threshold, scales))
                 names.append(f"{name}.{t}")
     return names
 
@@ -129,9 +143,11 @@ def load_model(ckpt: Path, dtype: torch.dtype, device: torch.device):
 
 class Run:
     def __init__(self, name: str, dtype: torch.dtype, policy: str | None = None, targets=None,
-                 emulated: bool = False):
+                 emulated: bool = False, scales: str = "ue8m0", emulation: str = ""):
         self.name, self.dtype, self.policy, self.targets = name, dtype, policy, targets
         self.emulated = emulated
+        self.scales = scales        # the FP8 weight copies' scale format
+        self.emulation = emulation  # the name of the emulated run with the same recipe
         self.model = None
         self.status = "ok"
         self.patched: list[str] = []
@@ -152,7 +168,7 @@ def patch_run(run: Run, m_eval: int) -> None:
     from fp8proj.integrations.transformers import patch
 
     try:
-        report = patch(run.model, enabled=True, policy=run.policy, targets=run.targets)
+        report = patch(run.model, enabled=True, policy=run.policy, targets=run.targets, scales=run.scales)
     except Exception as e:  # noqa: BLE001 - the package's refusal is a result, reported
         run.status = f"patch failed: {type(e).__name__}: {e}"
         return
@@ -210,7 +226,13 @@ def main() -> None:
     ap.add_argument("--data", type=Path, default=DEFAULT_DATA)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--weight-scales", default="ue8m0",
+                    help="scale format(s) of the FP8 weight copies: ue8m0, float, or ue8m0,float (every FP8 run once "
+                         "per format, same batches)")
     a = ap.parse_args()
+    formats = list(dict.fromkeys(f.strip() for f in a.weight_scales.split(",") if f.strip()))
+    if not formats or any(f not in ("ue8m0", "float") for f in formats):
+        ap.error(f"--weight-scales {a.weight_scales!r}: expected ue8m0, float or ue8m0,float")
     cfg = load_config(a.config)
     e = cfg["eval"]
     device = torch.device(a.device)
@@ -230,11 +252,14 @@ def main() -> None:
           f"(M = {m_eval} tokens per projection call)", flush=True)
 
     runs = [Run("fp32", torch.float32), Run("bf16", torch.bfloat16)]
-    for pol in ("prefill", "all"):
-        runs.append(Run(f"fp8 {pol}", torch.bfloat16, pol, DEFAULT_TARGETS))
-    for pol in ("prefill", "all"):
-        runs.append(Run(f"fp8 {pol} +q_a,kv_a,kv_b", torch.bfloat16, pol, ALL_TARGETS))
-    runs.append(Run("fp8 emulated (torch)", torch.bfloat16, None, DEFAULT_TARGETS, emulated=True))
+    for f in formats:
+        tag = "" if formats == ["ue8m0"] else f" [w {f}]"  # one format, the default: the names as before
+        emulation = f"fp8 emulated (torch){tag}"
+        for pol in ("prefill", "all"):
+            runs.append(Run(f"fp8 {pol}{tag}", torch.bfloat16, pol, DEFAULT_TARGETS, scales=f, emulation=emulation))
+        for pol in ("prefill", "all"):
+            runs.append(Run(f"fp8 {pol} +q_a,kv_a,kv_b{tag}", torch.bfloat16, pol, ALL_TARGETS, scales=f))
+        runs.append(Run(emulation, torch.bfloat16, None, DEFAULT_TARGETS, emulated=True, scales=f))
 
     why = fp8_unavailable_reason(device)
     for r in runs:
@@ -244,7 +269,7 @@ def main() -> None:
             continue
         r.model = load_model(a.checkpoint, r.dtype, device)
         if r.emulated:
-            r.patched = emulate_patch(r.model, r.targets)
+            r.patched = emulate_patch(r.model, r.targets, scales=r.scales)
             r.fp8_modules_at_m = len(r.patched) if m_eval > 512 else 0
             r.explain = ("torch emulation of the block-scaled recipe where M > 512 (the prefill gate); "
                          f"M = {m_eval} here")
@@ -263,10 +288,10 @@ def main() -> None:
     live = [r for r in runs if r.model is not None]
     by = {r.name: r for r in runs}
     pairs = [("bf16", "fp32")] + [(r.name, "bf16") for r in runs if r.fp8] + [(r.name, "fp32") for r in runs if r.fp8]
-    # fp8proj's runs of q_b_proj + o_proj against the emulation: whether the library computes the
-    # recipe it documents (expected: near the bf16 floor, not near the FP8 error).
-    EMULATED = "fp8 emulated (torch)"
-    pairs += [(r.name, EMULATED) for r in runs if r.policy is not None and r.targets == DEFAULT_TARGETS]
+    # fp8proj's runs of q_b_proj + o_proj against the emulation of the same recipe (same weight scale
+    # format): whether the library computes the recipe it documents (expected: near the bf16 floor,
+    # not near the FP8 error).
+    pairs += [(r.name, r.emulation) for r in runs if r.policy is not None and r.emulation]
     kl = {p: [] for p in pairs}
     top1 = {p: [] for p in pairs}
 
@@ -305,6 +330,7 @@ def main() -> None:
     rows = []
     for r in runs:
         row = {"run": r.name, "reference": "" if r.name == "fp32" else ("fp32" if r.name == "bf16" else "bf16"),
+               "weight_scales": r.scales if r.fp8 else "",
                "status": r.status, "bpb": bpb.get(r.name), "forward_s": r.seconds if r.model is not None else None,
                "patched": len(r.patched), "skipped": len(r.skipped), "fp8_modules_at_m": r.fp8_modules_at_m}
         ref = row["reference"]
@@ -316,9 +342,9 @@ def main() -> None:
             if r.fp8 and "fp32" in bpb:
                 row["kl_mean_vs_fp32"] = float(np.concatenate(kl[(r.name, "fp32")]).mean())
                 row["top1_vs_fp32"] = float(np.concatenate(top1[(r.name, "fp32")]).mean())
-            if (r.name, EMULATED) in kl and kl[(r.name, EMULATED)]:
-                row["kl_mean_vs_emulated"] = float(np.concatenate(kl[(r.name, EMULATED)]).mean())
-                row["top1_vs_emulated"] = float(np.concatenate(top1[(r.name, EMULATED)]).mean())
+            if (r.name, r.emulation) in kl and kl[(r.name, r.emulation)]:
+                row["kl_mean_vs_emulated"] = float(np.concatenate(kl[(r.name, r.emulation)]).mean())
+                row["top1_vs_emulated"] = float(np.concatenate(top1[(r.name, r.emulation)]).mean())
             if r.fp8:
                 row["bars"] = {
                     "bpb_rel_increase": row["bpb_rel_increase"] <= BARS["bpb_rel_increase"],
@@ -329,7 +355,7 @@ def main() -> None:
     meta = {"checkpoint": str(a.checkpoint), "config": str(a.config), "eval_files": [p.name for p in eval_files],
             "windows": windows, "seq_len": seq, "batch_size": bs, "m_per_call": m_eval, "positions": positions,
             "prompts": e["prompts"], "prompt_len": e["prompt_len"], "new_tokens": e["new_tokens"],
-            "device": str(device), "versions": versions(), "bars": BARS,
+            "device": str(device), "versions": versions(), "bars": BARS, "weight_scales": formats,
             "fp8proj": why or "available"}
     try:
         import fp8proj
@@ -340,7 +366,7 @@ def main() -> None:
     details = {r.name: {"patched": r.patched, "skipped": r.skipped, "explain": r.explain} for r in runs if r.fp8}
     (a.out / "eval.json").write_text(json.dumps({"meta": meta, "rows": rows, "patch": details}, indent=2) + "\n")
 
-    cols = ["run", "reference", "status", "bpb", "bpb_rel_increase", "kl_mean", "kl_median", "kl_p99", "kl_max",
+    cols = ["run", "reference", "weight_scales", "status", "bpb", "bpb_rel_increase", "kl_mean", "kl_median", "kl_p99", "kl_max",
             "top1", "kl_mean_vs_fp32", "top1_vs_fp32", "kl_mean_vs_emulated", "top1_vs_emulated", "greedy_prefix_mean", "greedy_prefix_median",
             "greedy_identical", "greedy_prompts", "greedy_position_agreement", "patched", "skipped",
             "fp8_modules_at_m", "forward_s"]

@@ -11,6 +11,7 @@
 #                                               ntail layer_dense decode_policy layer_residual
 #                                               faults sanitize_all tune_dense deepgemm_ntail
 #                                               python_overhead python_tests python_bench soak
+#                                               python_fp8ckpt
 #                                               (default: info tests verify bench layer harness
 #                                               sanitize)
 # Each step has its own timeout so that one hang cannot eat the whole budget.
@@ -37,7 +38,7 @@ source scripts/steps.sh
 pip_i='python3 -m pip install "$@" || python3 -m pip install --break-system-packages "$@"'
 DG_NTAIL_SHAPES="2624,6144;2112,7168"
 bg=()
-if want python || want python_tests || want python_bench || want python_overhead; then
+if want python || want python_tests || want python_bench || want python_overhead || want python_fp8ckpt; then
   [ -d .whl ] && bash -c "$pip_i" _ --quiet --no-index --find-links .whl scikit-build-core pathspec packaging >/dev/null 2>&1
   run python_install 420 env CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" PATH="/usr/local/cuda/bin:$PATH" \
     bash -c "$pip_i" _ --no-build-isolation --no-deps -C build-dir=build-h200-python . >/dev/null &
@@ -240,7 +241,8 @@ want profile && command -v ncu >/dev/null && [ -x "$BIN/sm90_fp8_gemm_harness" ]
 # pathspec and packaging travel as wheels in .whl/), its pytest suite with the GPU tests
 # (python_tests), and python -m fp8proj.bench (python_bench: per-call overhead; the transformers
 # model, flag off vs on; PY_BENCH_ARGS adds its options, e.g. "--reps 15").
-{ want python || want python_tests || want python_bench || want python_overhead; } && tail -n 5 "$R/python_install.log"
+{ want python || want python_tests || want python_bench || want python_overhead || want python_fp8ckpt; } && \
+  tail -n 5 "$R/python_install.log"
 { want python || want python_tests; } && run python_tests 300 python3 -m pytest -q -rs python/tests
 { want python || want python_bench; } && run python_bench 420 python3 -m fp8proj.bench --out "$R/python_bench" ${PY_BENCH_ARGS:-}
 # python_overhead: the package's op-registration check (opcheck) and the per-call overhead part
@@ -248,6 +250,21 @@ want profile && command -v ncu >/dev/null && [ -x "$BIN/sm90_fp8_gemm_harness" ]
 want python_overhead && {
   run python_opcheck 200 python3 -m pytest -q -rs python/tests/test_gpu.py -k opcheck
   run python_overhead 200 python3 -m fp8proj.bench --out "$R/python_overhead" --parts overhead
+}
+# python_fp8ckpt: FP8 checkpoints as users load them (python/fp8proj/bench_fp8ckpt.py): fp8proj
+# against dequantize=True (bf16) and against DeepGEMM through the module interface transformers
+# uses, where DeepGEMM is built here (build-pack/deepgemm-src.txz, as deepgemm_ntail builds it; its
+# kernels JIT-compiled ahead by the benchmark in 12 processes). The checkpoints are kept in
+# build-fp8ckpt/ between calls on a warm machine. PY_FP8CKPT_ARGS adds options, e.g.
+# "--models glm5" (one model per call keeps a call under the 10-minute limit).
+want python_fp8ckpt && {
+  dg=$PWD/build-deepgemm/DeepGEMM
+  if [ -f build-pack/deepgemm-src.txz ] && [ ! -f "$dg/deep_gemm/.built" ]; then
+    PREPARE_ONLY=1 DG_SHAPES="$DG_NTAIL_SHAPES" OUT="$R/deepgemm" run deepgemm_prepare 420 bash scripts/h200_deepgemm.sh
+  fi
+  run python_fp8ckpt 540 env PYTHONPATH="$dg${PYTHONPATH:+:$PYTHONPATH}" DG_JIT_CACHE_DIR="$PWD/build-deepgemm/jit-cache" \
+    python3 -m fp8proj.bench --out "$R/python_fp8ckpt" --parts fp8ckpt --ckpt-dir "$PWD/build-fp8ckpt" \
+    --dg-prewarm 12 ${PY_FP8CKPT_ARGS:-}
 }
 # deepgemm_ntail: DeepGEMM against our FP8 GEMM and cuBLAS bf16 at fused_qkv_a's shapes (N % 128
 # != 0 for us; DeepGEMM takes N % 64 == 0), M from 1 to 32768, same run, same operands.

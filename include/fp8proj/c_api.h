@@ -77,6 +77,24 @@ FP8PROJ_C_EXPORT int fp8proj_rmsnorm_quantize(const void* x, int64_t x_stride, c
 FP8PROJ_C_EXPORT int fp8proj_quantize_weight(const void* w, int64_t n, int64_t k, void* values, float* scales,
                                              void* stream);
 
+/* ---- scale formats (include/fp8proj/formats.hpp) ----
+ * FP8PROJ_SCALES_UE8M0: each group's scale is the power of two at or above amax/448 (what the
+ *   functions above write); FP8PROJ_SCALES_FLOAT: the scale is fl(amax/448) itself and the codes
+ *   are e4m3(fl(x / scale)) (FP8 checkpoints' form, and SGLang's / vLLM's activation rule).
+ * Both are stored as fp32 values and the GEMM takes either. */
+#define FP8PROJ_SCALES_UE8M0 0
+#define FP8PROJ_SCALES_FLOAT 1
+
+/* fp8proj_quantize_activation / fp8proj_quantize_weight with the scale format chosen. */
+FP8PROJ_C_EXPORT int fp8proj_quantize_activation_scaled(const void* x, int64_t x_stride, int64_t m, int64_t k,
+                                                        int scale_format, void* values, float* scales,
+                                                        int64_t scale_ld, void* stream);
+FP8PROJ_C_EXPORT int fp8proj_quantize_weight_scaled(const void* w, int64_t n, int64_t k, int scale_format,
+                                                    void* values, float* scales, void* stream);
+
+/* Bytes of device memory the plan owns beyond the weight (split-K partials and counters). */
+FP8PROJ_C_EXPORT int fp8proj_fp8_gemm_workspace_bytes(const fp8proj_fp8_gemm* gemm, size_t* bytes);
+
 /* ---- the gated projection layer (fp8proj::ProjectionLayer, include/fp8proj/projection.hpp) ----
  * y[m, n] = x[m, k] . w[n, k]^T through the M-gate, the tuned table and the backends of the
  * C++ layer: bf16 for decode-sized M, FP8 above the gate when enabled. The handle keeps the
@@ -114,6 +132,16 @@ FP8PROJ_C_EXPORT int fp8proj_projection_options_init(fp8proj_projection_options*
  * bf16 and explain() says why). options NULL = the defaults. */
 FP8PROJ_C_EXPORT int fp8proj_projection_create(const void* weight, int64_t n, int64_t k,
                                                const fp8proj_projection_options* options, fp8proj_projection** out);
+
+/* fp8proj_projection_create with the scale format of the FP8 copy (FP8PROJ_SCALES_*;
+ * fp8proj_projection_create makes UE8M0). With options->apply_env, FP8PROJ_WEIGHT_SCALES
+ * overrides it as the other knobs override their options. */
+FP8PROJ_C_EXPORT int fp8proj_projection_create_scaled(const void* weight, int64_t n, int64_t k,
+                                                      const fp8proj_projection_options* options, int weight_scales,
+                                                      fp8proj_projection** out);
+
+/* The scale format of the projection's FP8 copy (FP8PROJ_SCALES_*), after the environment. */
+FP8PROJ_C_EXPORT int fp8proj_projection_weight_scales(const fp8proj_projection* proj, int* weight_scales);
 
 /* y = x . w^T, x bf16 [m, k] dense, y bf16 [m, n] dense. */
 FP8PROJ_C_EXPORT int fp8proj_projection_forward(fp8proj_projection* proj, const void* x, int64_t m, void* y,

@@ -92,7 +92,8 @@ class Checkpoint {
   std::vector<bf16> read_bf16(std::string_view name) const;
 
   // A DeepSeek-V3-style FP8 weight: `name` is F8_E4M3 [N, K] and `<name>_scale_inv` is F32
-  // [ceil(N/128), ceil(K/128)], the factor each 128x128 block's values are multiplied by.
+  // (or F8_E8M0: UE8M0 bytes, widened to fp32 exactly) [ceil(N/128), ceil(K/128)], the factor
+  // each 128x128 block's values are multiplied by.
   // Both are copied bit for bit into our layout (which is the same); the scales are kept
   // exactly, whatever fp32 values they hold, and must be finite (a NaN or infinite scale
   // would turn a whole block into NaN: that is a corrupt file, not data). NaN codes among

@@ -6,6 +6,8 @@
 #include <optional>
 #include <string>
 
+#include "fp8proj/formats.hpp"
+
 namespace fp8proj::env {
 
 // FP8PROJ_PREFILL_FP8: 0/off -> disabled; 1/on/prefill -> policy "prefill"; all -> "all".
@@ -19,6 +21,7 @@ std::optional<Fp8Switch> prefill_fp8();
 std::optional<int64_t> min_fp8_tokens();      // FP8PROJ_MIN_FP8_TOKENS (FP8 when M > value)
 std::optional<int64_t> decode_ceiling();      // FP8PROJ_DECODE_CEILING (prefill policy)
 std::optional<std::string> fp8_backend();     // FP8PROJ_FP8_BACKEND (auto | backend name)
+std::optional<ScaleMode> weight_scales();     // FP8PROJ_WEIGHT_SCALES (ue8m0 | float)
 std::optional<std::string> tune_file();       // FP8PROJ_TUNE_FILE
 std::optional<std::string> log_level();       // FP8PROJ_LOG_LEVEL
 

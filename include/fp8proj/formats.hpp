@@ -5,12 +5,28 @@
 //   NaN = 0x7f / 0xff. Encoding here rounds to nearest even and saturates finite overflow
 //   (and +-inf) to +-448, as the hardware's cvt.rn.satfinite does; NaN stays NaN (0x7f|sign).
 //
-// UE8M0: one unsigned byte e holding the power of two 2^(e-127) (e = 255 is NaN).
-//   The scale of a group is the power of two at or above amax/448, amax clamped below at an
-//   epsilon (1e-4 for weights, 1e-10 for activations), computed from the bits of the fp32
-//   quotient (ceil(log2 x) = exponent + (mantissa != 0)) — the rule of DeepSeek's and
-//   SGLang's ceil_to_ue8m0 / DeepGEMM's fast_log2_ceil, with the biased exponent clamped to
-//   [1, 254]. A float log2 would round 2^e*(1+2^-23) down to e and break amax/scale <= 448.
+// A group's scale comes in one of two formats (ScaleMode), both stored as fp32 values:
+//
+// UE8M0 ("ue8m0", the default): one unsigned byte e holding the power of two 2^(e-127)
+//   (e = 255 is NaN). The scale of a group is the power of two at or above amax/448, amax
+//   clamped below at an epsilon (1e-4 for weights, 1e-10 for activations), computed from the
+//   bits of the fp32 quotient (ceil(log2 x) = exponent + (mantissa != 0)) — the rule of
+//   DeepSeek's and SGLang's ceil_to_ue8m0 / DeepGEMM's fast_log2_ceil, with the biased
+//   exponent clamped to [1, 254]. A float log2 would round 2^e*(1+2^-23) down to e and break
+//   amax/scale <= 448. Codes are e4m3(x * 2^(127-e)), which equals x / scale exactly.
+//
+// fp32 ("float"): the scale is amax/448 itself (an arbitrary fp32, the form of FP8 checkpoints'
+//   weight_scale_inv), the rule of SGLang's / vLLM's per_token_group_quant_fp8 for activations:
+//     scale = fl(max(amax, eps) / 448)        one IEEE fp32 division, round to nearest even
+//     code  = e4m3(fl(x / scale))             one IEEE fp32 division, then float_to_e4m3
+//   with the same epsilons (1e-4 weights, 1e-10 activations). Every step is one correctly
+//   rounded fp32 operation, so CPU and GPU agree bit for bit (the GPU uses __fdiv_rn, never a
+//   reciprocal: on Gaussian bf16 groups x * (1/scale) differs from x / scale in the last bit for
+//   27% of the values and gives another e4m3 code for 5 in 10^4, DeepGEMM's per_token_cast_to_fp8
+//   being one rule that multiplies). fl(amax / scale) can land one ulp above
+//   448; float_to_e4m3 saturates it to 448. A block's values then use up to one more bit of
+//   e4m3's range than under UE8M0 (whose scale is up to 2x larger than needed), at the price of
+//   dequantized products (code * scale) that are rounded in fp32 rather than exact.
 #pragma once
 
 #include <cmath>
@@ -87,10 +103,10 @@ FP8PROJ_HD float ue8m0_inverse(uint8_t e) {
   return bits_float(static_cast<uint32_t>(254 - e) << 23);
 }
 
-// How a group's scale is chosen.
+// How a group's scale is chosen (the two formats above).
 enum class ScaleMode : uint8_t {
   ue8m0,  // power of two at or above amax/448 (the default; applying it is exact)
-  fp32,   // amax/448 exactly (kept for comparison; quantized as x / scale)
+  fp32,   // amax/448 exactly, values x / scale ("float", as FP8 checkpoints store them)
 };
 
 // The scale of one group given its amax (already known to be finite), as an fp32 value.
@@ -100,7 +116,7 @@ FP8PROJ_HD float group_scale(float amax, float eps, ScaleMode mode) {
 }
 
 // Quantizes one value given the group's scale. For power-of-two scales x * (1/s) equals
-// x / s exactly; the fp32 mode divides so that it matches the usual definition.
+// x / s exactly; the fp32 mode divides (see above: a reciprocal would not be the same rule).
 FP8PROJ_HD uint8_t quantize_value(float x, float scale, float inv_scale, ScaleMode mode) {
   return float_to_e4m3(mode == ScaleMode::ue8m0 ? x * inv_scale : x / scale);
 }

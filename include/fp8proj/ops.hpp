@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "fp8proj/bf16.hpp"
+#include "fp8proj/formats.hpp"
 #include "fp8proj/tensor.hpp"
 
 namespace fp8proj {
@@ -15,8 +16,12 @@ class QuantOps {
   virtual ~QuantOps() = default;
   virtual MemorySpace space() const = 0;
 
-  virtual void quantize_activation(const bf16* x, int64_t m, int64_t k, Fp8ActivationOut out,
+  // 1x128 groups; `mode` picks the scale format (formats.hpp), UE8M0 unless asked otherwise.
+  virtual void quantize_activation(const bf16* x, int64_t m, int64_t k, Fp8ActivationOut out, ScaleMode mode,
                                    StreamHandle stream) const = 0;
+  void quantize_activation(const bf16* x, int64_t m, int64_t k, Fp8ActivationOut out, StreamHandle stream) const {
+    quantize_activation(x, m, k, out, ScaleMode::ue8m0, stream);
+  }
   // RMSNorm over rows of x that are x_stride >= k elements apart (a view into wider rows, e.g.
   // the q_a columns of fused_qkv_a's output); y and out are dense [m, k].
   virtual void rmsnorm(const bf16* x, int64_t x_stride, const bf16* weight, float eps, int64_t m,
@@ -24,8 +29,12 @@ class QuantOps {
   virtual void rmsnorm_quantize(const bf16* x, int64_t x_stride, const bf16* weight, float eps,
                                 int64_t m, int64_t k, Fp8ActivationOut out,
                                 StreamHandle stream) const = 0;
-  virtual void quantize_weight(const bf16* w, int64_t n, int64_t k, Fp8WeightOut out,
+  // 128x128 blocks; `mode` as above (ProjectionOptions::weight_scales for the layer's copy).
+  virtual void quantize_weight(const bf16* w, int64_t n, int64_t k, Fp8WeightOut out, ScaleMode mode,
                                StreamHandle stream) const = 0;
+  void quantize_weight(const bf16* w, int64_t n, int64_t k, Fp8WeightOut out, StreamHandle stream) const {
+    quantize_weight(w, n, k, out, ScaleMode::ue8m0, stream);
+  }
   // Waits for the work queued on `stream` (no-op on the host). Used at load time only.
   virtual void synchronize(StreamHandle stream) const = 0;
 };

@@ -19,6 +19,7 @@
 #include <string>
 
 #include "fp8proj/bf16.hpp"
+#include "fp8proj/formats.hpp"
 #include "fp8proj/selection.hpp"
 #include "fp8proj/tensor.hpp"
 #include "fp8proj/tune.hpp"
@@ -55,6 +56,9 @@ struct ProjectionOptions {
   bool rmsnorm_input = false;        // size the workspace for forward_rmsnorm()
   std::string bf16_backend = "auto";
   std::string fp8_backend = "auto";  // "auto" | backend name (FP8PROJ_FP8_BACKEND)
+  // Scale format of the private FP8 copy (formats.hpp): UE8M0 powers of two or fp32 amax/448
+  // (FP8PROJ_WEIGHT_SCALES=ue8m0|float). The GEMM takes either; activations stay UE8M0.
+  ScaleMode weight_scales = ScaleMode::ue8m0;
   bool use_tune_table = true;        // look up (N, K) in the tuned table for this GPU
   std::optional<TunedShape> tuned;   // explicit table row (takes precedence over lookup)
   std::shared_ptr<ActivationWorkspace> workspace;  // shared scratch; made if null

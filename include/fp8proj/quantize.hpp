@@ -8,13 +8,15 @@
 // Non-finite input: a group (or weight block) holding a NaN or an infinity gets a NaN scale
 // and NaN codes, so that every output it touches is NaN rather than silent garbage (an amax
 // taken with fmaxf would skip the NaN). Scales are UE8M0 powers of two stored as fp32 values
-// unless ScaleMode::fp32 is asked for.
+// unless ScaleMode::fp32 ("float", amax/448) is asked for (formats.hpp defines both rules).
 //
 // The CPU versions below are the reference; the GPU kernels (src/cuda/quant/) are tested to
 // be bit-identical to them.
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <string_view>
 #include <vector>
 
 #include "fp8proj/bf16.hpp"
@@ -22,6 +24,12 @@
 #include "fp8proj/tensor.hpp"
 
 namespace fp8proj {
+
+// The scale formats by their user-facing names: "ue8m0" and "float" (also "fp32"), as
+// FP8PROJ_WEIGHT_SCALES, the CLI's --weight-scales and the Python scale_fmt arguments spell
+// them (transformers' FineGrainedFP8Config uses the same two words). nullopt for any other.
+std::optional<ScaleMode> parse_scale_mode(std::string_view name);
+const char* scale_mode_name(ScaleMode mode);  // "ue8m0" | "float"
 
 // Owning host containers, handy for tests, the CLI and checkpoint loading.
 struct HostFp8Weight {

@@ -21,6 +21,7 @@
 #include <string>
 #include <tuple>
 #include <unordered_map>
+#include <vector>
 
 #include "fp8proj/c_api.h"
 
@@ -182,7 +183,16 @@ Tensor rmsnorm_linear(Tensor x, Tensor norm_weight, double eps, Tensor weight, i
   return y;
 }
 
-std::tuple<Tensor, Tensor> quantize_rows(const char* op, const Tensor& x, const Tensor* norm_weight, double eps) {
+// The ops' scale_fmt argument: "ue8m0" (the default) or "float" (fp32 amax/448;
+// include/fp8proj/formats.hpp), as transformers' FineGrainedFP8Config spells them.
+int scale_format_of(const std::string& fmt, const char* op) {
+  if (fmt == "ue8m0") return FP8PROJ_SCALES_UE8M0;
+  if (fmt == "float") return FP8PROJ_SCALES_FLOAT;
+  fail(op, "scale_fmt must be \"ue8m0\" or \"float\", got \"" + fmt + "\"");
+}
+
+std::tuple<Tensor, Tensor> quantize_rows(const char* op, const Tensor& x, const Tensor* norm_weight, double eps,
+                                         int scale_format = FP8PROJ_SCALES_UE8M0) {
   check_tensor(x, op, "x", dtype_bf16(), /*contiguous=*/norm_weight == nullptr);
   const auto [m, k, stride] = rows_of(x, op);
   OP_CHECK(k > 0 && k % 128 == 0, op, "K=" + std::to_string(k) + " must be a positive multiple of 128 (1x128 scale groups)");
@@ -199,13 +209,17 @@ std::tuple<Tensor, Tensor> quantize_rows(const char* op, const Tensor& x, const 
   const int rc = norm_weight ? fp8proj_rmsnorm_quantize(x.data_ptr(), stride, norm_weight->data_ptr(),
                                                         static_cast<float>(eps), m, k, values.data_ptr(),
                                                         static_cast<float*>(scales.data_ptr()), ld, stream_of(dev))
-                             : fp8proj_quantize_activation(x.data_ptr(), k, m, k, values.data_ptr(),
-                                                           static_cast<float*>(scales.data_ptr()), ld, stream_of(dev));
+                             : fp8proj_quantize_activation_scaled(x.data_ptr(), k, m, k, scale_format,
+                                                                  values.data_ptr(),
+                                                                  static_cast<float*>(scales.data_ptr()), ld,
+                                                                  stream_of(dev));
   if (rc != 0) fail_c(op);
   return {values, scales};
 }
 
-std::tuple<Tensor, Tensor> quantize_activation(Tensor x) { return quantize_rows("quantize_activation", x, nullptr, 0.0); }
+std::tuple<Tensor, Tensor> quantize_activation(Tensor x, std::string scale_fmt) {
+  return quantize_rows("quantize_activation", x, nullptr, 0.0, scale_format_of(scale_fmt, "quantize_activation"));
+}
 
 std::tuple<Tensor, Tensor> rmsnorm_quantize(Tensor x, Tensor weight, double eps) {
   return quantize_rows("rmsnorm_quantize", x, &weight, eps);
@@ -213,8 +227,9 @@ std::tuple<Tensor, Tensor> rmsnorm_quantize(Tensor x, Tensor weight, double eps)
 
 // The load-time weight quantization (128x128 blocks): the same C call the modules make at
 // construction, so a model loader that quantizes through the op pays no Python frame per weight.
-std::tuple<Tensor, Tensor> quantize_weight(Tensor w) {
+std::tuple<Tensor, Tensor> quantize_weight(Tensor w, std::string scale_fmt) {
   const char* op = "quantize_weight";
+  const int scale_format = scale_format_of(scale_fmt, op);
   check_tensor(w, op, "w", dtype_bf16());
   OP_CHECK(w.dim() == 2, op, "w must be 2-D [N, K], got " + std::to_string(w.dim()) + " dimensions");
   const int64_t n = w.size(0), k = w.size(1);
@@ -222,8 +237,8 @@ std::tuple<Tensor, Tensor> quantize_weight(Tensor w) {
   Tensor values = empty({n, k}, dtype_e4m3(), dev);
   Tensor scales = empty({(n + 127) / 128, (k + 127) / 128}, dtype_f32(), dev);
   if (n == 0 || k == 0) return {values, scales};
-  if (fp8proj_quantize_weight(w.data_ptr(), n, k, values.data_ptr(), static_cast<float*>(scales.data_ptr()),
-                              stream_of(dev)) != 0)
+  if (fp8proj_quantize_weight_scaled(w.data_ptr(), n, k, scale_format, values.data_ptr(),
+                                     static_cast<float*>(scales.data_ptr()), stream_of(dev)) != 0)
     fail_c(op);
   return {values, scales};
 }
@@ -252,6 +267,11 @@ std::unordered_map<PlanKey, Plan, PlanKeyHash>& plans() {
   return *m;
 }
 
+std::vector<fp8proj_fp8_gemm*>& retired_plans() {
+  static auto* v = new std::vector<fp8proj_fp8_gemm*>();  // kept for the process: see plan_for
+  return *v;
+}
+
 fp8proj_fp8_gemm* plan_for(const Tensor& wv, const Tensor& ws, int64_t m, int32_t dev) {
   const PlanKey key{wv.data_ptr(), ws.data_ptr(), wv.size(0), wv.size(1), dev};
   std::lock_guard<std::mutex> lock(plans_mutex);
@@ -265,7 +285,9 @@ fp8proj_fp8_gemm* plan_for(const Tensor& wv, const Tensor& ws, int64_t m, int32_
   if (fp8proj_fp8_gemm_create(key.wv, static_cast<const float*>(key.ws), key.n, key.k, max_m, nullptr, &g) != 0)
     fail("fp8_gemm", std::string(fp8proj_last_error()) + " (a plan for a new weight or a larger M is made at the "
                      "first call, outside CUDA graph capture: run fp8_gemm once before capturing)");
-  if (it != table.end()) fp8proj_fp8_gemm_destroy(it->second.gemm);
+  // The smaller plan is retired, not destroyed: a CUDA graph captured with it (a decode step
+  // before a longer prefill grew the plan) still launches its kernels on its split-K workspace.
+  if (it != table.end()) retired_plans().push_back(it->second.gemm);
   table[key] = Plan{g, max_m};
   return g;
 }

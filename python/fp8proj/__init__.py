@@ -4,7 +4,7 @@
     fp8proj.cuda_status()                       # (True, "NVIDIA H200") or (False, why)
     torch.ops.fp8proj.quantize_activation(x)    # the ops: see fp8proj.ops
     fp8proj.torch.Fp8ProjLinear.from_linear(linear, name="layers.0.self_attn.o_proj")
-    fp8proj.integrations.transformers.patch(model)
+    fp8proj.integrations.transformers.patch(model)   # bf16 MLA projections, or an FP8 checkpoint's FP8Linears
 
 Everything imports on any machine; without a Hopper GPU (or without the CUDA build of the
 library) the modules run torch's own bf16 matmul on the original weight and log once why.

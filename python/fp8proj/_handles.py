@@ -14,6 +14,8 @@ from typing import Dict, Optional
 from . import _lib
 
 PATH_NAMES = {0: "none", 1: "bf16", 2: "fp8"}
+SCALE_FORMATS = {"ue8m0": 0, "float": 1}  # FP8PROJ_SCALES_* (c_api.h)
+SCALE_NAMES = {v: k for k, v in SCALE_FORMATS.items()}
 PROJECTIONS: Dict[int, "Projection"] = {}
 
 
@@ -50,7 +52,7 @@ class Projection:
     def __init__(self, weight, *, name: str, enabled: bool, apply_env: bool = True, policy: Optional[str] = None,
                  threshold: Optional[int] = None, decode_ceiling: Optional[int] = None,
                  max_tokens: Optional[int] = None, rmsnorm_input: bool = False, fp8_backend: Optional[str] = None,
-                 workspace: Optional[Workspace] = None):
+                 workspace: Optional[Workspace] = None, weight_scales: Optional[str] = None):
         lib = _lib.lib()
         n, k = weight.shape
         opts = _lib.ProjectionOptions()
@@ -67,7 +69,10 @@ class Projection:
         opts.fp8_backend = fp8_backend.encode() if fp8_backend else None
         opts.workspace = workspace.handle if workspace is not None else None
         h = c_void_p()
-        _lib.check(lib.fp8proj_projection_create(weight.data_ptr(), n, k, byref(opts), byref(h)), name)
+        fmt = SCALE_FORMATS.get(weight_scales or "ue8m0")
+        if fmt is None:
+            raise ValueError(f"fp8proj: {name}: scales must be 'ue8m0' or 'float', got {weight_scales!r}")
+        _lib.check(lib.fp8proj_projection_create_scaled(weight.data_ptr(), n, k, byref(opts), fmt, byref(h)), name)
         self._h = h.value
         self._workspace = workspace  # the C++ layer holds it too; this keeps the Python owner alive
         self.name, self.n, self.k = name, int(n), int(k)
@@ -94,6 +99,12 @@ class Projection:
 
     def explain(self, m: int) -> str:
         return _lib.read_string(_lib.lib().fp8proj_projection_explain, self._h, int(m))
+
+    def weight_scales(self) -> str:
+        """The FP8 copy's scale format after FP8PROJ_WEIGHT_SCALES: "ue8m0" or "float"."""
+        f = c_int()
+        _lib.check(_lib.lib().fp8proj_projection_weight_scales(self._h, byref(f)), self.name)
+        return SCALE_NAMES[f.value]
 
     def memory(self) -> dict:
         v = [c_size_t() for _ in range(4)]

@@ -46,15 +46,22 @@ _SIGNATURES = {
     "fp8proj_rmsnorm_quantize": (
         c_int, [c_void_p, c_int64, c_void_p, c_float, c_int64, c_int64, c_void_p, c_void_p, c_int64, c_void_p]),
     "fp8proj_quantize_weight": (c_int, [c_void_p, c_int64, c_int64, c_void_p, c_void_p, c_void_p]),
+    "fp8proj_quantize_activation_scaled": (
+        c_int, [c_void_p, c_int64, c_int64, c_int64, c_int, c_void_p, c_void_p, c_int64, c_void_p]),
+    "fp8proj_quantize_weight_scaled": (c_int, [c_void_p, c_int64, c_int64, c_int, c_void_p, c_void_p, c_void_p]),
     "fp8proj_fp8_gemm_create": (c_int, [c_void_p, c_void_p, c_int64, c_int64, c_int64, c_char_p, POINTER(c_void_p)]),
     "fp8proj_fp8_gemm_run": (c_int, [c_void_p, c_void_p, c_void_p, c_int64, c_int64, c_void_p, c_void_p]),
     "fp8proj_fp8_gemm_describe": (c_int, [c_void_p, c_int64, c_char_p, c_size_t]),
     "fp8proj_fp8_gemm_destroy": (None, [c_void_p]),
+    "fp8proj_fp8_gemm_workspace_bytes": (c_int, [c_void_p, POINTER(c_size_t)]),
     "fp8proj_workspace_create": (c_int, [c_int64, c_int64, c_int, POINTER(c_void_p)]),
     "fp8proj_workspace_bytes": (c_int, [c_void_p, POINTER(c_size_t)]),
     "fp8proj_workspace_destroy": (None, [c_void_p]),
     "fp8proj_projection_options_init": (c_int, [POINTER(ProjectionOptions)]),
     "fp8proj_projection_create": (c_int, [c_void_p, c_int64, c_int64, POINTER(ProjectionOptions), POINTER(c_void_p)]),
+    "fp8proj_projection_create_scaled": (
+        c_int, [c_void_p, c_int64, c_int64, POINTER(ProjectionOptions), c_int, POINTER(c_void_p)]),
+    "fp8proj_projection_weight_scales": (c_int, [c_void_p, POINTER(c_int)]),
     "fp8proj_projection_forward": (c_int, [c_void_p, c_void_p, c_int64, c_void_p, c_void_p]),
     "fp8proj_projection_forward_rmsnorm": (
         c_int, [c_void_p, c_void_p, c_int64, c_void_p, c_float, c_int64, c_void_p, c_void_p]),

@@ -15,7 +15,13 @@
     events time the attention modules (hooks) and the whole forward; medians. Logits' relative
     error of "on" against "off" (Frobenius norm, fp32).
 
-Writes overhead.csv, model.csv, results.json and results.md to --out.
+(c) fp8ckpt: FP8 checkpoints as users load them (transformers FP8Linear), against the same
+    checkpoint loaded with dequantize=True (bf16) and against DeepGEMM through the same module
+    interface where deep_gemm imports: per projection, whole-model prefill and decode step,
+    weight memory (fp8proj/bench_fp8ckpt.py says how).
+
+Writes overhead.csv, model.csv, fp8ckpt_proj.csv, fp8ckpt_model.csv, results.json and results.md
+to --out.
 """
 from __future__ import annotations
 
@@ -274,17 +280,20 @@ def model_bench(names, chunks, reps: int, warmup: int, layers: int,
     return rows
 
 
-def _write(out: Path, overhead_rows, model_rows, meta) -> None:
+def _write(out: Path, overhead_rows, model_rows, meta, fp8ckpt=None) -> None:
     import csv
     out.mkdir(parents=True, exist_ok=True)
-    for fname, rows in (("overhead.csv", overhead_rows), ("model.csv", model_rows)):
+    fp8ckpt = fp8ckpt or {"projections": [], "model": [], "memory": []}
+    for fname, rows in (("overhead.csv", overhead_rows), ("model.csv", model_rows),
+                        ("fp8ckpt_proj.csv", fp8ckpt["projections"]), ("fp8ckpt_model.csv", fp8ckpt["model"])):
         if rows:
+            fields = list(dict.fromkeys(k for r in rows for k in r))
             with open(out / fname, "w", newline="") as f:
-                w = csv.DictWriter(f, fieldnames=list(rows[0]))
+                w = csv.DictWriter(f, fieldnames=fields)
                 w.writeheader()
                 w.writerows(rows)
-    (out / "results.json").write_text(json.dumps(dict(meta=meta, overhead=overhead_rows, model=model_rows),
-                                                 indent=1))
+    (out / "results.json").write_text(json.dumps(dict(meta=meta, overhead=overhead_rows, model=model_rows,
+                                                      fp8ckpt=fp8ckpt), indent=1, default=str))
     md = [f"# fp8proj Python package on {meta['gpu']}", "", f"Command: `{meta['command']}`", "",
           f"torch {meta['torch']}, transformers {meta['transformers']}, library {meta['library']}, "
           f"host CPU {meta.get('cpu', 'unknown')}", ""]
@@ -303,6 +312,9 @@ def _write(out: Path, overhead_rows, model_rows, meta) -> None:
                f"{r['model_speedup']:.3f}x | {r['logits_rel_err']:.2e} |" for r in model_rows]
         md += ["", f"Workspace rows (max_tokens): {sorted({r['max_tokens'] for r in model_rows})}; a prefill "
                "longer than that runs in chunks of that many rows."]
+    if fp8ckpt["projections"] or fp8ckpt["model"]:
+        from .bench_fp8ckpt import summarize
+        md += [""] + summarize(fp8ckpt["projections"], fp8ckpt["model"], fp8ckpt["memory"])
     (out / "results.md").write_text("\n".join(md) + "\n")
 
 
@@ -320,7 +332,8 @@ def _cpu_name() -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m fp8proj.bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="directory for overhead.csv, model.csv, results.json, results.md")
-    ap.add_argument("--parts", default="overhead,model", help="overhead, model or both (comma-separated)")
+    ap.add_argument("--parts", default="overhead,model",
+                    help="overhead, model, fp8ckpt (comma-separated; fp8ckpt: FP8 checkpoints, bench_fp8ckpt.py)")
     ap.add_argument("--models", default="glm5,deepseek-v3")
     ap.add_argument("--chunks", default="4,16,64", help="prefill batches of 1024 tokens")
     ap.add_argument("--layers", type=int, default=2)
@@ -336,6 +349,11 @@ def main(argv=None) -> int:
     # sleep kernel holds the GPU, or the host would wait for the device after all.
     ap.add_argument("--calls", type=int, default=200, help="calls per timed batch at M=1 (M=4096: a tenth)")
     ap.add_argument("--batches", type=int, default=25)
+    ap.add_argument("--decode", default="16,64", help="fp8ckpt: decode batches (sequences at context 1024)")
+    ap.add_argument("--dg-prewarm", type=int, default=0,
+                    help="fp8ckpt: compile DeepGEMM's kernels for every problem in this many processes first")
+    ap.add_argument("--ckpt-dir", default="",
+                    help="fp8ckpt: where the FP8 checkpoints are written (reused when present); default OUT/ckpt")
     a = ap.parse_args(argv)
     import fp8proj
     ok, why = fp8proj.cuda_status()
@@ -355,6 +373,21 @@ def main(argv=None) -> int:
     md = model_bench(a.models.split(","), [int(c) for c in a.chunks.split(",")], a.reps, a.warmup,
                      a.layers, targets, a.max_tokens) if "model" in parts else []
     _write(Path(a.out), ov, md, meta)
+    ck = None
+    if "fp8ckpt" in parts:
+        from .bench_fp8ckpt import bench_model as fp8ckpt_bench
+        ck = {"projections": [], "model": [], "memory": []}
+        ckpt_root = Path(a.ckpt_dir) if a.ckpt_dir else Path(a.out) / "ckpt"
+        for name in a.models.split(","):
+            p, m, mem = fp8ckpt_bench(name, model_config(name, layers=a.layers), ckpt_root / f"{name}-{a.layers}l",
+                                      [int(c) for c in a.chunks.split(",")], [int(c) for c in a.decode.split(",") if c],
+                                      a.reps, a.warmup, log=lambda s: print(s, flush=True),
+                                      dg_prewarm=a.dg_prewarm)
+            ck["projections"] += p
+            ck["model"] += m
+            ck["memory"].append(mem)
+            _write(Path(a.out), ov, md, meta, ck)  # after each model: a cut-off run keeps what it measured
+    _write(Path(a.out), ov, md, meta, ck)
     print(f"wrote {a.out}/results.md")
     return 0
 

@@ -9,9 +9,12 @@ None of them synchronises the host or allocates anything beyond its outputs (the
 layer's workspaces are sized when it is made), so they can be captured in a CUDA graph, and
 torch.compile(fullgraph=True) traces them as single nodes.
 
-    quantize_activation(x[M, K] bf16) -> (values e4m3 [M, K], scales f32 [K/128, ceil4(M)])
+    quantize_activation(x[M, K] bf16, scale_fmt="ue8m0") -> (values e4m3 [M, K], scales f32 [K/128, ceil4(M)])
     rmsnorm_quantize(x, weight[K], eps) -> (values, scales)     x may be a row-strided view
-    quantize_weight(w[N, K] bf16) -> (values e4m3 [N, K], scales f32 [ceil(N/128), ceil(K/128)])
+    quantize_weight(w[N, K] bf16, scale_fmt="ue8m0") -> (values e4m3 [N, K], scales f32 [ceil(N/128), ceil(K/128)])
+
+scale_fmt is "ue8m0" (power-of-two scales, the default) or "float" (fp32 amax/448, values x / scale:
+the form of FP8 checkpoints and SGLang's / vLLM's activation rule; include/fp8proj/formats.hpp).
     fp8_gemm(xv, xs, wv, ws) -> y[M, N] bf16
     linear(x[..., K], weight[N, K], handle) -> y[..., N]        the gated projection layer
     rmsnorm_linear(x, norm_weight, eps, weight, handle) -> y    norm + gated projection, fused
@@ -43,6 +46,16 @@ def _ceil4(m):
 
 def _ceil128(v):
     return (v + 127) // 128
+
+
+SCALE_FORMATS = {"ue8m0": 0, "float": 1}  # FP8PROJ_SCALES_UE8M0 / FP8PROJ_SCALES_FLOAT (c_api.h)
+
+
+def scale_format(op: str, scale_fmt: str) -> int:
+    try:
+        return SCALE_FORMATS[scale_fmt]
+    except (KeyError, TypeError):
+        raise ValueError(f"fp8proj.{op}: scale_fmt must be \"ue8m0\" or \"float\", got {scale_fmt!r}") from None
 
 
 # ---- argument checks (metadata only: nothing here reads device memory or syncs) ----------------
@@ -83,8 +96,9 @@ def _row_view(x: torch.Tensor, op: str) -> torch.Tensor:
 
 # ---- CUDA implementations (also called directly, without the dispatcher, by the modules) ---------
 
-def _quantize_activation_cuda(x: torch.Tensor):
+def _quantize_activation_cuda(x: torch.Tensor, scale_fmt: str = "ue8m0"):
     op = "quantize_activation"
+    fmt = scale_format(op, scale_fmt)
     _check_tensor(x, op, "x", _BF16)
     m, k = _rows(x, op)
     _check(k % 128 == 0 and k > 0, op, f"K={k} must be a positive multiple of 128 (1x128 scale groups)")
@@ -94,8 +108,8 @@ def _quantize_activation_cuda(x: torch.Tensor):
     scales = torch.empty((k // 128, ld), dtype=_F32, device=x.device)
     if m == 0:
         return values, scales
-    rc = _lib.LIB.fp8proj_quantize_activation(x.data_ptr(), k, m, k, values.data_ptr(), scales.data_ptr(), ld,
-                                              _raw_stream(x.get_device()))
+    rc = _lib.LIB.fp8proj_quantize_activation_scaled(x.data_ptr(), k, m, k, fmt, values.data_ptr(), scales.data_ptr(),
+                                                     ld, _raw_stream(x.get_device()))
     if rc:
         raise _lib.fail("fp8proj.quantize_activation")
     return values, scales
@@ -124,8 +138,9 @@ def _rmsnorm_quantize_cuda(x: torch.Tensor, weight: torch.Tensor, eps: float):
     return values, scales
 
 
-def _quantize_weight_cuda(w: torch.Tensor):
+def _quantize_weight_cuda(w: torch.Tensor, scale_fmt: str = "ue8m0"):
     op = "quantize_weight"
+    fmt = scale_format(op, scale_fmt)
     _check_tensor(w, op, "w", _BF16)
     _check(w.dim() == 2, op, f"w must be 2-D [N, K], got shape {tuple(w.shape)}")
     n, k = w.shape
@@ -134,8 +149,8 @@ def _quantize_weight_cuda(w: torch.Tensor):
     scales = torch.empty((_ceil128(n), _ceil128(k)), dtype=_F32, device=w.device)
     if n == 0 or k == 0:
         return values, scales
-    rc = _lib.LIB.fp8proj_quantize_weight(w.data_ptr(), n, k, values.data_ptr(), scales.data_ptr(),
-                                          _raw_stream(w.get_device()))
+    rc = _lib.LIB.fp8proj_quantize_weight_scaled(w.data_ptr(), n, k, fmt, values.data_ptr(), scales.data_ptr(),
+                                                 _raw_stream(w.get_device()))
     if rc:
         raise _lib.fail("fp8proj.quantize_weight")
     return values, scales
@@ -157,6 +172,7 @@ class _GemmPlans:
 
     def __init__(self):
         self.plans: Dict[tuple, tuple] = {}
+        self.retired: list = []  # plans outgrown by a larger M: kept, a CUDA graph may still launch them
 
     def get(self, wv: torch.Tensor, ws: torch.Tensor, m: int) -> int:
         n, k = wv.shape
@@ -176,7 +192,10 @@ class _GemmPlans:
         _lib.check(lib.fp8proj_fp8_gemm_create(wv.data_ptr(), ws.data_ptr(), n, k, max_m, None, _lib.ctypes.byref(h)),
                    "fp8proj.fp8_gemm")
         if hit is not None:
-            lib.fp8proj_fp8_gemm_destroy(hit[0])
+            if hit[2]() is not None and hit[3]() is not None and hit[4] == _version(wv) and hit[5] == _version(ws):
+                self.retired.append(hit[0])  # the same weight, grown: a graph captured with it stays valid
+            else:
+                lib.fp8proj_fp8_gemm_destroy(hit[0])
         self.plans[key] = (h.value, max_m, weakref.ref(wv), weakref.ref(ws), _version(wv), _version(ws))
         return h.value
 
@@ -255,7 +274,8 @@ def _rmsnorm_linear_cuda(x: torch.Tensor, norm_weight: torch.Tensor, eps: float,
 
 # ---- fake implementations (shapes only) ---------------------------------------------------------
 
-def _quantize_activation_fake(x):
+def _quantize_activation_fake(x, scale_fmt="ue8m0"):
+    scale_format("quantize_activation", scale_fmt)
     m, k = _rows(x, "quantize_activation")
     return x.new_empty(x.shape, dtype=_E4M3), x.new_empty((k // 128, _ceil4(m)), dtype=_F32)
 
@@ -264,7 +284,8 @@ def _rmsnorm_quantize_fake(x, weight, eps):
     return _quantize_activation_fake(x)
 
 
-def _quantize_weight_fake(w):
+def _quantize_weight_fake(w, scale_fmt="ue8m0"):
+    scale_format("quantize_weight", scale_fmt)
     n, k = w.shape
     return w.new_empty((n, k), dtype=_E4M3), w.new_empty((_ceil128(n), _ceil128(k)), dtype=_F32)
 
@@ -284,11 +305,11 @@ def _rmsnorm_linear_fake(x, norm_weight, eps, weight, handle):
 # ---- registration -------------------------------------------------------------------------------
 
 _SCHEMAS = {
-    "quantize_activation": ("quantize_activation(Tensor x) -> (Tensor, Tensor)",
+    "quantize_activation": ('quantize_activation(Tensor x, str scale_fmt="ue8m0") -> (Tensor, Tensor)',
                             _quantize_activation_cuda, _quantize_activation_fake),
     "rmsnorm_quantize": ("rmsnorm_quantize(Tensor x, Tensor weight, float eps) -> (Tensor, Tensor)",
                          _rmsnorm_quantize_cuda, _rmsnorm_quantize_fake),
-    "quantize_weight": ("quantize_weight(Tensor w) -> (Tensor, Tensor)", _quantize_weight_cuda,
+    "quantize_weight": ('quantize_weight(Tensor w, str scale_fmt="ue8m0") -> (Tensor, Tensor)', _quantize_weight_cuda,
                         _quantize_weight_fake),
     "fp8_gemm": ("fp8_gemm(Tensor xv, Tensor xs, Tensor wv, Tensor ws) -> Tensor", _fp8_gemm_cuda, _fp8_gemm_fake),
     "linear": ("linear(Tensor x, Tensor weight, int handle) -> Tensor", _linear_cuda, _linear_fake),
@@ -351,16 +372,16 @@ for _name, (_schema, _cuda, _fake) in _SCHEMAS.items():
 
 # ---- Python wrappers with the ops' names --------------------------------------------------------
 
-def quantize_activation(x: torch.Tensor):
-    return torch.ops.fp8proj.quantize_activation(x)
+def quantize_activation(x: torch.Tensor, scale_fmt: str = "ue8m0"):
+    return torch.ops.fp8proj.quantize_activation(x, scale_fmt)
 
 
 def rmsnorm_quantize(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6):
     return torch.ops.fp8proj.rmsnorm_quantize(x, weight, eps)
 
 
-def quantize_weight(w: torch.Tensor):
-    return torch.ops.fp8proj.quantize_weight(w)
+def quantize_weight(w: torch.Tensor, scale_fmt: str = "ue8m0"):
+    return torch.ops.fp8proj.quantize_weight(w, scale_fmt)
 
 
 def fp8_gemm(xv: torch.Tensor, xs: torch.Tensor, wv: torch.Tensor, ws: torch.Tensor):

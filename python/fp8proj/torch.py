@@ -191,6 +191,14 @@ class _GatedBase(nn.Module):
             return f"M={m}: bf16 via torch (F.linear on the original weight) -- {self._why_bf16}"
         return self._proj.explain(m)
 
+    def weight_scales(self) -> str:
+        """The FP8 copy's scale format ("ue8m0" or "float", FP8PROJ_WEIGHT_SCALES applied); what a
+        layer would use while there is none."""
+        if self._proj is not None:
+            return self._proj.weight_scales()
+        env = os.environ.get("FP8PROJ_WEIGHT_SCALES")
+        return env if env in _handles.SCALE_FORMATS else (self._options.get("weight_scales") or "ue8m0")
+
     def extra_memory_bytes(self) -> int:
         """Device bytes this module adds to the bf16 weight: the FP8 copy, its scales, and the
         workspaces it owns (a shared workspace is counted by its owner, fp8proj.torch.Workspace)."""
@@ -210,11 +218,14 @@ class _GatedBase(nn.Module):
                f"bias={self.bias is not None}, path={path}"
 
 
-def _options(enabled, policy, threshold, decode_ceiling, max_tokens, fp8_backend) -> dict:
+def _options(enabled, policy, threshold, decode_ceiling, max_tokens, fp8_backend, scales=None) -> dict:
     if policy is not None and policy not in ("prefill", "all"):
         raise ValueError(f"fp8proj: policy must be 'prefill' or 'all', got {policy!r}")
+    if scales is not None and scales not in _handles.SCALE_FORMATS:
+        raise ValueError(f"fp8proj: scales must be 'ue8m0' or 'float', got {scales!r}")
     return dict(enabled=bool(enabled) if enabled is not None else False, apply_env=True, policy=policy,
-                threshold=threshold, decode_ceiling=decode_ceiling, max_tokens=max_tokens, fp8_backend=fp8_backend)
+                threshold=threshold, decode_ceiling=decode_ceiling, max_tokens=max_tokens, fp8_backend=fp8_backend,
+                weight_scales=scales)
 
 
 class Fp8ProjLinear(_GatedBase):
@@ -223,22 +234,24 @@ class Fp8ProjLinear(_GatedBase):
     def __init__(self, weight, bias=None, *, name: str = "projection", enabled: Optional[bool] = None,
                  policy: Optional[str] = None, threshold: Optional[int] = None, decode_ceiling: Optional[int] = None,
                  max_tokens: Optional[int] = None, fp8_backend: Optional[str] = None,
-                 workspace: Optional[Workspace] = None):
+                 workspace: Optional[Workspace] = None, scales: Optional[str] = None):
         super().__init__()
-        self._setup(weight, bias, name, _options(enabled, policy, threshold, decode_ceiling, max_tokens, fp8_backend),
-                    workspace)
+        self._setup(weight, bias, name,
+                    _options(enabled, policy, threshold, decode_ceiling, max_tokens, fp8_backend, scales), workspace)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, *, name: str, enabled: Optional[bool] = None, policy: Optional[str] = None,
                     threshold: Optional[int] = None, decode_ceiling: Optional[int] = None,
                     max_tokens: Optional[int] = None, fp8_backend: Optional[str] = None,
-                    workspace: Optional[Workspace] = None) -> "Fp8ProjLinear":
+                    workspace: Optional[Workspace] = None, scales: Optional[str] = None) -> "Fp8ProjLinear":
         """The module for `linear`, sharing its weight (and bias) Parameters. enabled=None: from
-        FP8PROJ_PREFILL_FP8 (off by default); the FP8PROJ_* knobs override the arguments."""
+        FP8PROJ_PREFILL_FP8 (off by default); scales: the FP8 copy's scale format, "ue8m0" (None:
+        the default) or "float"; the FP8PROJ_* knobs override the arguments."""
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"fp8proj: from_linear needs an nn.Linear, got {type(linear).__name__}")
         return cls(linear.weight, linear.bias, name=name, enabled=enabled, policy=policy, threshold=threshold,
-                   decode_ceiling=decode_ceiling, max_tokens=max_tokens, fp8_backend=fp8_backend, workspace=workspace)
+                   decode_ceiling=decode_ceiling, max_tokens=max_tokens, fp8_backend=fp8_backend, workspace=workspace,
+                   scales=scales)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self._fp8 or x.dtype != _BF16 or _wants_grad(x, self.weight):
@@ -296,7 +309,7 @@ class Fp8ProjRMSNormLinear(_GatedBase):
     def __init__(self, norm: nn.Module, linear: nn.Linear, *, name: str, enabled: Optional[bool] = None,
                  policy: Optional[str] = None, threshold: Optional[int] = None, decode_ceiling: Optional[int] = None,
                  max_tokens: Optional[int] = None, fp8_backend: Optional[str] = None,
-                 workspace: Optional[Workspace] = None):
+                 workspace: Optional[Workspace] = None, scales: Optional[str] = None):
         super().__init__()
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"fp8proj: {name}: needs an nn.Linear, got {type(linear).__name__}")
@@ -308,7 +321,7 @@ class Fp8ProjRMSNormLinear(_GatedBase):
         self.eps = _norm_eps(norm)
         self.__dict__["norm_passthrough"] = DeferredRMSNorm(norm, name)
         self._setup(linear.weight, linear.bias, name,
-                    _options(enabled, policy, threshold, decode_ceiling, max_tokens, fp8_backend), workspace)
+                    _options(enabled, policy, threshold, decode_ceiling, max_tokens, fp8_backend, scales), workspace)
 
     @classmethod
     def from_modules(cls, norm: nn.Module, linear: nn.Linear, *, name: str, **options) -> "Fp8ProjRMSNormLinear":

@@ -219,7 +219,7 @@ def test_eval_fp8_branch_with_a_stand_in(trained, corpus, tmp_path, monkeypatch)
         def explain(self, m):
             return f"stand-in: {'fp8' if self.uses_fp8(m) else 'bf16'} at M = {m}"
 
-    def patch(model, *, enabled=True, policy="prefill", targets=ev.DEFAULT_TARGETS):
+    def patch(model, *, enabled=True, policy="prefill", targets=ev.DEFAULT_TARGETS, scales=None):
         rep = types.SimpleNamespace(patched=[], skipped=[])
         for name, mod in list(model.named_modules()):
             for t in targets:
@@ -229,7 +229,7 @@ def test_eval_fp8_branch_with_a_stand_in(trained, corpus, tmp_path, monkeypatch)
                 if lin.out_features % 16 or lin.in_features % 128:  # fp8proj's rule (fp8_eligible)
                     rep.skipped.append((f"{name}.{t}", "N not a multiple of 16 or K not a multiple of 128"))
                     continue
-                setattr(mod, t, StandIn(lin, 512 if policy == "prefill" else 0))
+                setattr(mod, t, StandIn(lin, 512 if policy == "prefill" else 0, scales or "ue8m0"))
                 rep.patched.append(f"{name}.{t}")
         return rep
 
@@ -250,3 +250,15 @@ def test_eval_fp8_branch_with_a_stand_in(trained, corpus, tmp_path, monkeypatch)
     assert rows["fp8 prefill +q_a,kv_a,kv_b"]["skipped"] == 0 and rows["fp8 prefill +q_a,kv_a,kv_b"]["patched"] == 10
     md = (out / "eval.md").read_text()
     assert "stand-in: fp8 at M = 640" in md
+    # Both scale formats in one run: each fp8proj row pairs with the emulation of its own format.
+    out2 = tmp_path / "eval2"
+    monkeypatch.setattr(sys, "argv", ["eval.py", "--config", str(TINY), "--checkpoint", str(trained / "checkpoint"),
+                                      "--data", str(corpus), "--out", str(out2), "--device", "cpu",
+                                      "--weight-scales", "ue8m0,float"])
+    ev.main()
+    rows = {r["run"]: r for r in json.loads((out2 / "eval.json").read_text())["rows"]}
+    for f in ("ue8m0", "float"):
+        r = rows[f"fp8 prefill [w {f}]"]
+        assert r["status"] == "ok" and r["weight_scales"] == f
+        assert r["kl_mean_vs_emulated"] == 0 and r["top1_vs_emulated"] == 1, r
+    assert rows["fp8 prefill [w float]"]["kl_mean"] != rows["fp8 prefill [w ue8m0]"]["kl_mean"]

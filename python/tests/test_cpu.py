@@ -32,9 +32,9 @@ def test_import_and_status():
 
 
 SCHEMAS = {
-    "quantize_activation": "fp8proj::quantize_activation(Tensor x) -> (Tensor, Tensor)",
+    "quantize_activation": 'fp8proj::quantize_activation(Tensor x, str scale_fmt="ue8m0") -> (Tensor, Tensor)',
     "rmsnorm_quantize": "fp8proj::rmsnorm_quantize(Tensor x, Tensor weight, float eps) -> (Tensor, Tensor)",
-    "quantize_weight": "fp8proj::quantize_weight(Tensor w) -> (Tensor, Tensor)",
+    "quantize_weight": 'fp8proj::quantize_weight(Tensor w, str scale_fmt="ue8m0") -> (Tensor, Tensor)',
     "fp8_gemm": "fp8proj::fp8_gemm(Tensor xv, Tensor xs, Tensor wv, Tensor ws) -> Tensor",
     "linear": "fp8proj::linear(Tensor x, Tensor weight, int handle) -> Tensor",
     "rmsnorm_linear": "fp8proj::rmsnorm_linear(Tensor x, Tensor norm_weight, float eps, Tensor weight, int handle) "
@@ -68,6 +68,12 @@ def test_fake_shapes():
     assert ops.rmsnorm_linear(meta(9, 256), meta(256), 1e-6, meta(384, 256), 1).shape == (9, 384)
     v, s = ops.quantize_activation(meta(0, 256))
     assert v.shape == (0, 256) and s.shape == (2, 0)
+    v, s = ops.quantize_activation(meta(5, 256), "float")  # fp32 amax/448 scales: the same layout
+    assert v.shape == (5, 256) and s.shape == (2, 8)
+    v, s = ops.quantize_weight(meta(300, 256), "float")
+    assert v.shape == (300, 256) and s.shape == (3, 2) and s.dtype == torch.float32
+    with pytest.raises(ValueError, match='scale_fmt must be "ue8m0" or "float", got \'fp16\''):
+        ops.quantize_weight(meta(128, 128), "fp16")
 
 
 def test_fake_tensor_mode():
@@ -101,15 +107,16 @@ def test_compile_fullgraph_ops():
         y1 = torch.ops.fp8proj.fp8_gemm(xv, xs, wv, ws)
         y2 = torch.ops.fp8proj.linear(x, w, 7)
         y3 = torch.ops.fp8proj.rmsnorm_linear(x, nw, 1e-6, w, 7)
-        qv, qs = torch.ops.fp8proj.quantize_weight(w)
-        return y1 + y2 + y3, qv, qs
+        qv, qs = torch.ops.fp8proj.quantize_weight(w, "float")
+        av, as_ = torch.ops.fp8proj.quantize_activation(x, "float")
+        return y1 + y2 + y3, qv, qs, av, as_
 
     out = torch.compile(fn, fullgraph=True, backend=rec)(meta(8, 256), meta(256), meta(384, 256),
                                                           meta(384, 256, dtype=E4M3), meta(3, 2, dtype=torch.float32))
     assert out[0].shape == (8, 384)
     assert len(rec.graphs) == 1
     targets = _op_targets(rec.graphs[0])
-    for op in ("rmsnorm_quantize", "fp8_gemm", "linear", "rmsnorm_linear", "quantize_weight"):
+    for op in ("rmsnorm_quantize", "fp8_gemm", "linear", "rmsnorm_linear", "quantize_weight", "quantize_activation"):
         assert f"fp8proj.{op}" in targets, targets
 
 
@@ -259,6 +266,18 @@ def test_module_errors():
         Fp8ProjLinear.from_linear(nn.Conv1d(4, 4, 1), name="c")
     with pytest.raises(ValueError, match="policy must be"):
         Fp8ProjLinear.from_linear(nn.Linear(128, 128), name="p", policy="sometimes")
+    with pytest.raises(ValueError, match="scales must be 'ue8m0' or 'float', got 'e8m0'"):
+        Fp8ProjLinear.from_linear(nn.Linear(128, 128), name="p", scales="e8m0")
+
+
+def test_weight_scales_option_reaches_the_layer(monkeypatch):
+    # The scale format of the FP8 copy: argument, then FP8PROJ_WEIGHT_SCALES on top (as in C++).
+    monkeypatch.delenv("FP8PROJ_WEIGHT_SCALES", raising=False)
+    lin = nn.Linear(256, 256, bias=False, dtype=BF16)
+    assert Fp8ProjLinear.from_linear(lin, name="a").weight_scales() == "ue8m0"
+    assert Fp8ProjLinear.from_linear(lin, name="b", scales="float").weight_scales() == "float"
+    monkeypatch.setenv("FP8PROJ_WEIGHT_SCALES", "float")
+    assert Fp8ProjLinear.from_linear(lin, name="c", scales="ue8m0").weight_scales() == "float"
 
 
 @cpu_only
@@ -337,6 +356,19 @@ def test_transformers_patch_all_targets():
         patch(model, targets="q_b_proj")  # a string would be read as its letters
     with pytest.raises(ValueError, match="unknown targets"):
         patch(model, targets=("q_b_proj", "k_proj"))
+
+
+def test_transformers_patch_scales_option(monkeypatch):
+    from fp8proj.integrations.transformers import patch, unpatch
+    monkeypatch.delenv("FP8PROJ_WEIGHT_SCALES", raising=False)
+    model = _tiny_model()
+    with pytest.raises(ValueError, match="scales must be 'ue8m0' or 'float'"):
+        patch(model, scales="fp8")
+    report = patch(model, scales="float")
+    assert len(report.patched) == 4
+    for name in report.patched:
+        assert model.get_submodule(name).weight_scales() == "float"
+    unpatch(model)
 
 
 def test_transformers_patch_q_lora_none():

@@ -333,6 +333,8 @@ def test_opcheck_every_op():
     wv, ws = ops.quantize_weight(lin.weight)
     cases = [
         (torch.ops.fp8proj.quantize_activation.default, (x,)),
+        (torch.ops.fp8proj.quantize_activation.default, (x, "float")),
+        (torch.ops.fp8proj.quantize_weight.default, (lin.weight.detach(), "float")),
         (torch.ops.fp8proj.rmsnorm_quantize.default, (x, norm.weight.detach(), 1e-6)),
         (torch.ops.fp8proj.quantize_weight.default, (lin.weight.detach(),)),
         (torch.ops.fp8proj.fp8_gemm.default, (xv, xs, wv, ws)),
@@ -363,3 +365,134 @@ def test_opcheck_every_op():
             torch.library.opcheck(op, args, test_utils=utils if fp8_io else ("test_schema",) + utils)
         for b, t in zip(before, tensors):
             assert torch.equal(b.view(torch.uint8), t.view(torch.uint8)), f"{op} mutated an input"
+
+
+# ---- the fp32 ("float") scale format and FP8 checkpoints (fp8proj.fp8_linear) ------------------------
+
+def _float_rule_weight(w):
+    """fp8proj's fp32 weight rule in torch on the GPU (one IEEE division each step)."""
+    n, k = w.shape
+    rb, cb = -(-n // 128), -(-k // 128)
+    wp = torch.zeros(rb * 128, cb * 128, device=w.device)
+    wp[:n, :k] = w.float()
+    blocks = wp.view(rb, 128, cb, 128)
+    a = blocks.abs().amax(dim=(1, 3)).clamp_min(1e-4)
+    s = a / torch.full_like(a, 448.0)  # a tensor divisor: IEEE division (a scalar one is a reciprocal multiply)
+    q = (blocks / s[:, None, :, None]).clamp(-448, 448).to(E4M3).view(rb * 128, cb * 128)[:n, :k]
+    return q.contiguous(), s
+
+
+@pytest.mark.parametrize("m", [1, 5, 4096])
+def test_float_activation_scales_bit_identical(m):
+    from fp8proj.fp8_linear import quantize_activation_float_reference
+    x = torch.randn(m, 512, dtype=BF16, device="cuda") * 3
+    x[0, 7] = 1e-12  # tiny values in one group
+    v, s = ops.quantize_activation(x, "float")
+    rv, rs = quantize_activation_float_reference(x)
+    assert _same(v, rv) and _same(_valid_scales(s, m), rs.t().contiguous())
+    assert _rel(_dequant_x(v, s), x) < 0.07
+
+
+@pytest.mark.parametrize("n,k", [(384, 256), (300, 256), (2624, 6144)])
+def test_float_weight_scales_bit_identical(n, k):
+    w = torch.randn(n, k, dtype=BF16, device="cuda") * 0.02
+    v, s = ops.quantize_weight(w, "float")
+    rv, rs = _float_rule_weight(w)
+    assert _same(v, rv) and _same(s, rs)
+    v8, s8 = ops.quantize_weight(w)  # UE8M0: the same GEMM takes either
+    x = torch.randn(64, k, dtype=BF16, device="cuda")
+    xv, xs = ops.quantize_activation(x)
+    for wv, ws in ((v, s), (v8, s8)):
+        assert _rel(ops.fp8_gemm(xv, xs, wv, ws), _dequant_x(xv, xs) @ _dequant_w(wv, ws).t()) < 8e-3
+
+
+def test_projection_with_float_weight_scales():
+    lin, mod = _fp8_linear(scales="float")
+    assert mod.weight_scales() == "float"
+    v, s = ops.quantize_weight(lin.weight.detach(), "float")
+    x = torch.randn(2048, 512, dtype=BF16, device="cuda")
+    xv, xs = ops.quantize_activation(x)
+    assert _same(mod(x), ops.fp8_gemm(xv, xs, v, s))  # the layer's copy is the float-rule one
+
+
+def _checkpoint_linear(n=1024, k=512, scale_fmt="float", bias=False):
+    from transformers.integrations.finegrained_fp8 import FP8Linear
+    from fp8proj.fp8_linear import Fp8CheckpointLinear
+    torch.manual_seed(1)
+    lin = FP8Linear(k, n, block_size=(128, 128), scale_fmt=scale_fmt, has_bias=bias).to("cuda")
+    w = torch.randn(n, k, device="cuda") * 0.02
+    q, s = _float_rule_weight(w)
+    lin.weight.data = q
+    lin.weight_scale_inv.data = s.to(torch.float8_e8m0fnu) if scale_fmt == "ue8m0" else s * 1.37  # not powers of 2
+    if bias:
+        lin.bias.data = (torch.randn(n, device="cuda") * 0.1).to(BF16)
+    return lin, Fp8CheckpointLinear(lin, name="ckpt.o_proj")
+
+
+@pytest.mark.parametrize("scale_fmt,bias,m", [("float", False, 1), ("float", True, 4096), ("ue8m0", False, 333)])
+def test_checkpoint_linear_kernel_against_dequantized_product(scale_fmt, bias, m):
+    lin, mod = _checkpoint_linear(scale_fmt=scale_fmt, bias=bias)
+    assert mod.uses_fp8_kernel and mod.explain(m).startswith(f"M={m}: fp8 via sm90_fp8_block")
+    x = torch.randn(m, 512, dtype=BF16, device="cuda")
+    y = mod(x)
+    xv, xs = ops.quantize_activation(x, "float")
+    ref = _dequant_x(xv, xs) @ _dequant_w(lin.weight, lin.weight_scale_inv.float()).t()
+    if bias:
+        ref = ref + lin.bias.float()
+    assert y.dtype == BF16 and _rel(y, ref) < 2e-3 + 2e-3  # the kernel's bound plus the bias add's rounding
+    assert _rel(y, mod._reference(x)) < 8e-3  # the CPU fallback's numerics, the same recipe
+    mem = mod.memory()
+    assert mem["fp8_weight"] == 1024 * 512 and mem["extra"] == (4 * 8 * 4 if scale_fmt == "ue8m0" else 0)
+
+
+def test_checkpoint_linear_compiled_and_graphed_bit_exact():
+    torch._dynamo.reset()
+    lin, mod = _checkpoint_linear()
+    mod.prepare()
+    x = torch.randn(64, 512, dtype=BF16, device="cuda")
+    eager = mod(x)
+    assert _same(torch.compile(mod, fullgraph=True)(x), eager)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        mod(x)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = mod(x)
+    x.copy_(torch.randn_like(x))
+    g.replay()
+    torch.cuda.synchronize()
+    assert _same(y, mod(x))
+
+
+def test_fp8_checkpoint_model_patched_end_to_end():
+    """A tiny DeepseekV3 whose linears are transformers' FP8Linear: patch takes them all, the model
+    runs (with or without the `kernels` package), unpatch puts the very modules back."""
+    import transformers
+    from transformers.integrations.finegrained_fp8 import FP8Linear
+    from fp8proj.integrations.transformers import ALL_FP8_LINEARS, patch, unpatch
+    torch.manual_seed(0)
+    bf16 = transformers.DeepseekV3ForCausalLM(tiny_deepseek_v3_config()).to(device="cuda", dtype=BF16).eval()
+    model = transformers.DeepseekV3ForCausalLM(tiny_deepseek_v3_config()).to(device="cuda", dtype=BF16).eval()
+    model.load_state_dict(bf16.state_dict())
+    originals = {}
+    for name, lin in list(model.named_modules()):
+        if type(lin) is nn.Linear and not name.endswith("lm_head"):
+            f = FP8Linear(lin.in_features, lin.out_features, block_size=(128, 128), scale_fmt="float").to("cuda")
+            q, sc = _float_rule_weight(lin.weight.detach())
+            f.weight.data, f.weight_scale_inv.data = q, sc
+            parent, _, attr = name.rpartition(".")
+            setattr(model.get_submodule(parent), attr, f)
+            originals[name] = f
+            with torch.no_grad():  # the bf16 model gets the dequantized weights (dequantize=True)
+                bf16.get_submodule(name).weight.copy_(_dequant_w(q, sc).to(BF16))
+    ids = torch.randint(0, 256, (4, 256), device="cuda")
+    ref = bf16(ids).logits
+    report = patch(model, targets=ALL_FP8_LINEARS)
+    assert sorted(report.fp8) == sorted(originals) and report.left == []
+    assert report.fp8_extra_bytes >= 0 and "FP8 checkpoint layers" in str(report)
+    out = model(ids).logits
+    assert _rel(out, ref) < 0.1, _rel(out, ref)
+    assert unpatch(model) == len(originals)
+    assert all(model.get_submodule(n) is m for n, m in originals.items())

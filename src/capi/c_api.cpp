@@ -20,6 +20,7 @@
 #include "fp8proj/memory.hpp"
 #include "fp8proj/ops.hpp"
 #include "fp8proj/projection.hpp"
+#include "fp8proj/quantize.hpp"
 #include "fp8proj/tune.hpp"
 
 #if FP8PROJ_WITH_CUDA
@@ -148,8 +149,16 @@ void check_scale_ld(int64_t scale_ld, int64_t m) {
                 " and a multiple of 4 (the M-major scale layout)");
 }
 
+// FP8PROJ_SCALES_* -> ScaleMode; anything else is an error naming the argument.
+ScaleMode scale_mode_of(int scale_format, const char* what) {
+  FP8PROJ_CHECK(scale_format == FP8PROJ_SCALES_UE8M0 || scale_format == FP8PROJ_SCALES_FLOAT, what, "=",
+                scale_format, " is not FP8PROJ_SCALES_UE8M0 (", FP8PROJ_SCALES_UE8M0, ") or FP8PROJ_SCALES_FLOAT (",
+                FP8PROJ_SCALES_FLOAT, ")");
+  return scale_format == FP8PROJ_SCALES_UE8M0 ? ScaleMode::ue8m0 : ScaleMode::fp32;
+}
+
 void quantize_activation(const void* x, int64_t x_stride, int64_t m, int64_t k, void* values, float* scales,
-                         int64_t scale_ld, void* stream) {
+                         int64_t scale_ld, void* stream, ScaleMode mode = ScaleMode::ue8m0) {
   FP8PROJ_CHECK(m >= 0, "m must be >= 0, got ", m);
   FP8PROJ_CHECK(k > 0 && k % 128 == 0, "k=", k, " must be a positive multiple of 128 (1x128 groups)");
   FP8PROJ_CHECK(x_stride == k, "activation quantization reads dense rows: x_stride=", x_stride,
@@ -162,7 +171,7 @@ void quantize_activation(const void* x, int64_t x_stride, int64_t m, int64_t k, 
   check_device_pointer(scales, "scales");
   quant_ops(MemorySpace::device)
       .quantize_activation(static_cast<const bf16*>(x), m, k,
-                           Fp8ActivationOut{static_cast<uint8_t*>(values), scales, m, k, scale_ld}, stream);
+                           Fp8ActivationOut{static_cast<uint8_t*>(values), scales, m, k, scale_ld}, mode, stream);
 }
 
 void rmsnorm_quantize(const void* x, int64_t x_stride, const void* weight, float eps, int64_t m, int64_t k,
@@ -184,7 +193,8 @@ void rmsnorm_quantize(const void* x, int64_t x_stride, const void* weight, float
                         Fp8ActivationOut{static_cast<uint8_t*>(values), scales, m, k, scale_ld}, stream);
 }
 
-void quantize_weight(const void* w, int64_t n, int64_t k, void* values, float* scales, void* stream) {
+void quantize_weight(const void* w, int64_t n, int64_t k, void* values, float* scales, void* stream,
+                     ScaleMode mode = ScaleMode::ue8m0) {
   FP8PROJ_CHECK(n > 0 && k > 0, "weight shape ", n, "x", k, " must be positive");
   check_gpu("quantize_weight");
   check_device_pointer(w, "w");
@@ -192,7 +202,7 @@ void quantize_weight(const void* w, int64_t n, int64_t k, void* values, float* s
   check_device_pointer(scales, "scales");
   quant_ops(MemorySpace::device)
       .quantize_weight(static_cast<const bf16*>(w), n, k, Fp8WeightOut{static_cast<uint8_t*>(values), scales, n, k},
-                       stream);
+                       mode, stream);
 }
 
 fp8proj_projection_options default_projection_options() {
@@ -211,7 +221,7 @@ fp8proj_projection_options default_projection_options() {
 }
 
 void projection_create(const void* weight, int64_t n, int64_t k, const fp8proj_projection_options* options,
-                       fp8proj_projection** out) {
+                       fp8proj_projection** out, ScaleMode weight_scales = ScaleMode::ue8m0) {
   FP8PROJ_CHECK(out != nullptr, "out (the handle's address) is null");
   *out = nullptr;
   const fp8proj_projection_options o = options ? *options : default_projection_options();
@@ -229,6 +239,7 @@ void projection_create(const void* weight, int64_t n, int64_t k, const fp8proj_p
   po.rmsnorm_input = o.rmsnorm_input != 0;
   po.apply_env = o.apply_env != 0;
   if (o.fp8_backend && *o.fp8_backend) po.fp8_backend = o.fp8_backend;
+  po.weight_scales = weight_scales;  // FP8PROJ_WEIGHT_SCALES overrides it under apply_env
   if (o.workspace) {
     FP8PROJ_CHECK(o.workspace->ws != nullptr, po.name, ": workspace handle is empty");
     po.workspace = o.workspace->ws;
@@ -307,6 +318,22 @@ int fp8proj_quantize_weight(const void* w, int64_t n, int64_t k, void* values, f
   return fp8proj::guarded([&] { fp8proj::quantize_weight(w, n, k, values, scales, stream); });
 }
 
+int fp8proj_quantize_activation_scaled(const void* x, int64_t x_stride, int64_t m, int64_t k, int scale_format,
+                                       void* values, float* scales, int64_t scale_ld, void* stream) {
+  return fp8proj::guarded([&] {
+    const fp8proj::ScaleMode mode = fp8proj::scale_mode_of(scale_format, "scale_format");
+    fp8proj::quantize_activation(x, x_stride, m, k, values, scales, scale_ld, stream, mode);
+  });
+}
+
+int fp8proj_quantize_weight_scaled(const void* w, int64_t n, int64_t k, int scale_format, void* values, float* scales,
+                                   void* stream) {
+  return fp8proj::guarded([&] {
+    const fp8proj::ScaleMode mode = fp8proj::scale_mode_of(scale_format, "scale_format");
+    fp8proj::quantize_weight(w, n, k, values, scales, stream, mode);
+  });
+}
+
 int fp8proj_workspace_create(int64_t max_tokens, int64_t max_k, int with_bf16_rows, fp8proj_workspace** out) {
   return fp8proj::guarded([&] {
     FP8PROJ_CHECK(out != nullptr, "out (the handle's address) is null");
@@ -342,6 +369,24 @@ int fp8proj_projection_options_init(fp8proj_projection_options* options) {
 int fp8proj_projection_create(const void* weight, int64_t n, int64_t k, const fp8proj_projection_options* options,
                               fp8proj_projection** out) {
   return fp8proj::guarded([&] { fp8proj::projection_create(weight, n, k, options, out); });
+}
+
+int fp8proj_projection_create_scaled(const void* weight, int64_t n, int64_t k,
+                                     const fp8proj_projection_options* options, int weight_scales,
+                                     fp8proj_projection** out) {
+  return fp8proj::guarded([&] {
+    if (out) *out = nullptr;
+    const fp8proj::ScaleMode mode = fp8proj::scale_mode_of(weight_scales, "weight_scales");
+    fp8proj::projection_create(weight, n, k, options, out, mode);
+  });
+}
+
+int fp8proj_projection_weight_scales(const fp8proj_projection* proj, int* weight_scales) {
+  return fp8proj::guarded([&] {
+    const fp8proj::ProjectionLayer& l = fp8proj::layer_of(proj);
+    FP8PROJ_CHECK(weight_scales != nullptr, "weight_scales is null");
+    *weight_scales = l.options().weight_scales == fp8proj::ScaleMode::ue8m0 ? FP8PROJ_SCALES_UE8M0 : FP8PROJ_SCALES_FLOAT;
+  });
 }
 
 int fp8proj_projection_forward(fp8proj_projection* proj, const void* x, int64_t m, void* y, void* stream) {
@@ -459,6 +504,14 @@ int fp8proj_fp8_gemm_describe(const fp8proj_fp8_gemm* gemm, int64_t m, char* buf
     const size_t len = std::min(s.size(), size - 1);
     std::memcpy(buf, s.data(), len);
     buf[len] = '\0';
+  });
+}
+
+int fp8proj_fp8_gemm_workspace_bytes(const fp8proj_fp8_gemm* gemm, size_t* bytes) {
+  return fp8proj::guarded([&] {
+    FP8PROJ_CHECK(gemm != nullptr && gemm->plan, "gemm handle is null");
+    FP8PROJ_CHECK(bytes != nullptr, "bytes is null");
+    *bytes = gemm->plan->workspace_bytes();
   });
 }
 

@@ -6,6 +6,7 @@
 
 #include "fp8proj/error.hpp"
 #include "fp8proj/numbers.hpp"
+#include "fp8proj/quantize.hpp"
 
 namespace fp8proj::env {
 
@@ -41,6 +42,14 @@ std::optional<Fp8Switch> prefill_fp8() {
 std::optional<int64_t> min_fp8_tokens() { return get_int("FP8PROJ_MIN_FP8_TOKENS", 0); }
 std::optional<int64_t> decode_ceiling() { return get_int("FP8PROJ_DECODE_CEILING", 0); }
 std::optional<std::string> fp8_backend() { return get("FP8PROJ_FP8_BACKEND"); }
+
+std::optional<ScaleMode> weight_scales() {
+  auto v = get("FP8PROJ_WEIGHT_SCALES");
+  if (!v) return std::nullopt;
+  auto mode = parse_scale_mode(*v);
+  FP8PROJ_CHECK(mode.has_value(), "FP8PROJ_WEIGHT_SCALES='", *v, "' is not one of ue8m0, float");
+  return mode;
+}
 std::optional<std::string> tune_file() { return get("FP8PROJ_TUNE_FILE"); }
 
 std::optional<std::string> log_level() {

@@ -320,8 +320,12 @@ HostFp8Weight Checkpoint::read_fp8_weight(std::string_view name) const {
                  near.empty() ? std::string() : "; closest names: " + join_quoted(near));
   }
   const io::TensorRecord& s = *it->second;
-  FP8PROJ_CHECK(s.info.dtype == DType::f32, "'", scale_name, "' in '", s.info.file, "' is ",
-                dtype_name(s.info.dtype), "; the block scales of an FP8 weight must be F32");
+  // F32 (DeepSeek-V3's amax/448) or F8_E8M0 (UE8M0: one byte e per block, the power of two
+  // 2^(e-127), as transformers' scale_fmt "ue8m0" stores it), both widened to fp32 exactly.
+  FP8PROJ_CHECK(s.info.dtype == DType::f32 || s.info.dtype == DType::f8_e8m0, "'", scale_name, "' in '",
+                s.info.file, "' is ", dtype_name(s.info.dtype),
+                "; the block scales of an FP8 weight must be F32 or F8_E8M0");
+  const bool ue8m0 = s.info.dtype == DType::f8_e8m0;
   const std::vector<int64_t> scale_shape = {ceil_div(n, kScaleBlock), ceil_div(k, kScaleBlock)};
   FP8PROJ_CHECK(s.info.shape == scale_shape, "'", scale_name, "' in '", s.info.file, "' has shape ",
                 s.info.shape_string(), ", but weight '", name, "' ", t.shape_string(),
@@ -331,9 +335,14 @@ HostFp8Weight Checkpoint::read_fp8_weight(std::string_view name) const {
   // into NaN, 0 into zeros, a negative one flips every sign, and one above FLT_MAX / 448 makes
   // the block's large codes infinite.
   const std::byte* scale_bytes = s.data.data();
-  for (int64_t i = 0; i < scale_shape[0] * scale_shape[1]; ++i) {
+  auto scale_at = [&](int64_t i) {
+    if (ue8m0) return ue8m0_to_float(static_cast<uint8_t>(scale_bytes[i]));  // 255 is NaN: refused below
     float v;
     std::memcpy(&v, scale_bytes + 4 * i, 4);
+    return v;
+  };
+  for (int64_t i = 0; i < scale_shape[0] * scale_shape[1]; ++i) {
+    const float v = scale_at(i);
     FP8PROJ_CHECK(is_finite_float(v) && v > 0.0f && v <= kMaxBlockScale, "'", scale_name, "' in '", s.info.file,
                   "' holds ", v, " for block (", i / scale_shape[1], ", ", i % scale_shape[1], ") of '", name,
                   "'; a block scale must be finite, positive and at most ", kMaxBlockScale,
@@ -341,7 +350,11 @@ HostFp8Weight Checkpoint::read_fp8_weight(std::string_view name) const {
   }
   HostFp8Weight out = allocate_for(name, t.file, w.data.size() + s.data.size(), [&] { return make_host_fp8_weight(n, k); });
   std::memcpy(out.values.data(), w.data.data(), w.data.size());
-  std::memcpy(out.scales.data(), s.data.data(), s.data.size());
+  if (ue8m0) {
+    for (size_t i = 0; i < out.scales.size(); ++i) out.scales[i] = scale_at(static_cast<int64_t>(i));
+  } else {
+    std::memcpy(out.scales.data(), s.data.data(), s.data.size());
+  }
   return out;
 }
 

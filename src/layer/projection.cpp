@@ -27,6 +27,7 @@ ProjectionOptions ProjectionOptions::with_env() const {
   if (auto t = env::min_fp8_tokens()) o.threshold = *t;
   if (auto c = env::decode_ceiling()) o.decode_ceiling = *c;
   if (auto b = env::fp8_backend()) o.fp8_backend = *b;
+  if (auto w = env::weight_scales()) o.weight_scales = *w;
   return o;
 }
 
@@ -174,7 +175,7 @@ ProjectionLayer::ProjectionLayer(MemorySpace space, const bf16* weight, int64_t 
     s.fp8_values = Buffer(space, static_cast<size_t>(n * k));
     s.fp8_scales = Buffer(space, static_cast<size_t>(ceil_div(n, 128) * ceil_div(k, 128)) * sizeof(float));
     const Fp8WeightOut out{s.fp8_values.data<uint8_t>(), s.fp8_scales.data<float>(), n, k};
-    s.ops->quantize_weight(weight, n, k, out, nullptr);
+    s.ops->quantize_weight(weight, n, k, out, s.opt.weight_scales, nullptr);
     s.ops->synchronize(nullptr);  // the copy must be complete before any stream uses it
     routing = route_fp8(spec, primary, space,
                         [](std::string_view nm) { return find_backend(nm, GemmKind::fp8_block); });

@@ -11,8 +11,11 @@ namespace {
 class HostQuantOps final : public QuantOps {
  public:
   MemorySpace space() const override { return MemorySpace::host; }
-  void quantize_activation(const bf16* x, int64_t m, int64_t k, Fp8ActivationOut out, StreamHandle) const override {
-    cpu::quantize_activation(x, m, k, out);
+  using QuantOps::quantize_activation;  // the overloads without a mode stay callable here too
+  using QuantOps::quantize_weight;
+  void quantize_activation(const bf16* x, int64_t m, int64_t k, Fp8ActivationOut out, ScaleMode mode,
+                           StreamHandle) const override {
+    cpu::quantize_activation(x, m, k, out, mode);
   }
   void rmsnorm(const bf16* x, int64_t x_stride, const bf16* w, float eps, int64_t m, int64_t k, bf16* y,
                StreamHandle) const override {
@@ -22,8 +25,9 @@ class HostQuantOps final : public QuantOps {
                         Fp8ActivationOut out, StreamHandle) const override {
     cpu::rmsnorm_quantize(x, x_stride, w, eps, m, k, out);
   }
-  void quantize_weight(const bf16* w, int64_t n, int64_t k, Fp8WeightOut out, StreamHandle) const override {
-    cpu::quantize_weight(w, n, k, out);
+  void quantize_weight(const bf16* w, int64_t n, int64_t k, Fp8WeightOut out, ScaleMode mode,
+                       StreamHandle) const override {
+    cpu::quantize_weight(w, n, k, out, mode);
   }
   void synchronize(StreamHandle) const override {}
 };

@@ -106,6 +106,14 @@ void check_activation_args(const void* x, int64_t m, int64_t k, const Fp8Activat
                 "FP8 activation output has a null values or scales pointer");
 }
 
+std::optional<ScaleMode> parse_scale_mode(std::string_view name) {
+  if (name == "ue8m0") return ScaleMode::ue8m0;
+  if (name == "float" || name == "fp32") return ScaleMode::fp32;
+  return std::nullopt;
+}
+
+const char* scale_mode_name(ScaleMode mode) { return mode == ScaleMode::ue8m0 ? "ue8m0" : "float"; }
+
 HostFp8Weight make_host_fp8_weight(int64_t n, int64_t k) {
   FP8PROJ_CHECK(n > 0 && k > 0, "weight shape must be positive, got N=", n, " K=", k);
   HostFp8Weight w;

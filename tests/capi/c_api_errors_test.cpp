@@ -67,6 +67,38 @@ TEST(CApiErrors, ShapeChecksComeFirst) {
   EXPECT_EQ(g, nullptr);
 }
 
+// The scale-format entry points: an unknown format is refused before anything else; a known one
+// reaches the same checks as the functions without it.
+TEST(CApiErrors, ScaleFormats) {
+  float* s = reinterpret_cast<float*>(host_bytes);
+  EXPECT_TRUE(FailsWith(fp8proj_quantize_weight_scaled(host_bytes, 128, 128, 7, host_bytes, s, nullptr),
+                        "scale_format=7 is not FP8PROJ_SCALES_UE8M0 (0) or FP8PROJ_SCALES_FLOAT (1)"));
+  EXPECT_TRUE(FailsWith(fp8proj_quantize_activation_scaled(host_bytes, 128, 4, 128, -1, host_bytes, s, 4, nullptr),
+                        "scale_format=-1"));
+  EXPECT_TRUE(FailsWith(fp8proj_quantize_weight_scaled(host_bytes, 0, 128, FP8PROJ_SCALES_FLOAT, host_bytes, s,
+                                                       nullptr),
+                        "must be positive"));
+  EXPECT_TRUE(FailsWith(fp8proj_quantize_activation_scaled(host_bytes, 100, 4, 100, FP8PROJ_SCALES_FLOAT, host_bytes,
+                                                           s, 4, nullptr),
+                        "multiple of 128"));
+  EXPECT_EQ(fp8proj_quantize_activation_scaled(nullptr, 128, 0, 128, FP8PROJ_SCALES_FLOAT, nullptr, nullptr, 0,
+                                               nullptr),
+            0)
+      << fp8proj_last_error();
+  fp8proj_projection* p = reinterpret_cast<fp8proj_projection*>(0x1);
+  EXPECT_TRUE(FailsWith(fp8proj_projection_create_scaled(host_bytes, 128, 128, nullptr, 2, &p), "weight_scales=2"));
+  EXPECT_EQ(p, nullptr) << "a failed create must leave no handle behind";
+  int fmt = -1;
+  EXPECT_TRUE(FailsWith(fp8proj_projection_weight_scales(nullptr, &fmt), "handle is null"));
+  size_t bytes = 0;
+  EXPECT_TRUE(FailsWith(fp8proj_fp8_gemm_workspace_bytes(nullptr, &bytes), "handle is null"));
+  // A valid call with host pointers: refused for want of a GPU, or for the host memory.
+  EXPECT_EQ(fp8proj_quantize_weight_scaled(host_bytes, 128, 128, FP8PROJ_SCALES_FLOAT, host_bytes, s, nullptr), -1);
+  const std::string msg = fp8proj_last_error();
+  EXPECT_TRUE(msg.find("no usable CUDA GPU") != std::string::npos || msg.find("not device memory") != std::string::npos)
+      << msg;
+}
+
 TEST(CApiErrors, EmptyBatchIsANoOp) {
   // m = 0 touches no pointer, so null ones are fine.
   EXPECT_EQ(fp8proj_quantize_activation(nullptr, 128, 0, 128, nullptr, nullptr, 0, nullptr), 0)

@@ -374,7 +374,7 @@ const BadFile kBadFiles[] = {
     {"fp8_no_scale", "fp8_no_scale.safetensors", read_fp8, {"FP8 weight '" + kQa + "'", "has no '" + kQa + "_scale_inv'"}},
     {"fp8_scale_shape", "fp8_scale_shape.safetensors", read_fp8,
      {kQa + "_scale_inv", "has shape [1, 2]", "[136, 200] needs one scale per 128x128 block: [2, 2]"}},
-    {"fp8_scale_dtype", "fp8_scale_dtype.safetensors", read_fp8, {kQa + "_scale_inv", "is BF16", "must be F32"}},
+    {"fp8_scale_dtype", "fp8_scale_dtype.safetensors", read_fp8, {kQa + "_scale_inv", "is BF16", "must be F32 or F8_E8M0"}},
     {"fp8_scale_nan", "fp8_scale_nan.safetensors", read_fp8, {kQa + "_scale_inv", "holds nan for block (1, 0)"}},
     {"fp8_scale_inf", "fp8_scale_inf.safetensors", read_fp8, {kQa + "_scale_inv", "holds inf for block (1, 0)"}},
     {"fp8_1d", "fp8_1d.safetensors", read_fp8, {kQa, "has shape [200]; it must be 2-D"}},

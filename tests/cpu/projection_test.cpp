@@ -22,7 +22,8 @@ using testing::random_bf16;
 // Clears every knob so a developer's shell cannot change the outcome.
 struct CleanEnv {
   EnvGuard a{"FP8PROJ_PREFILL_FP8", nullptr}, b{"FP8PROJ_MIN_FP8_TOKENS", nullptr},
-      c{"FP8PROJ_DECODE_CEILING", nullptr}, d{"FP8PROJ_FP8_BACKEND", nullptr};
+      c{"FP8PROJ_DECODE_CEILING", nullptr}, d{"FP8PROJ_FP8_BACKEND", nullptr},
+      e{"FP8PROJ_WEIGHT_SCALES", nullptr};
 };
 
 ProjectionOptions opts(bool fp8, int64_t max_tokens = 64) {
@@ -241,6 +242,74 @@ TEST(Projection, NaNRowPropagatesOnBothPaths) {
       EXPECT_TRUE(std::isnan(bf16_to_float(y[3 * n + j]))) << "M=" << rows << " col " << j;
       EXPECT_FALSE(std::isfinite(bf16_to_float(y[5 * n + j]))) << "M=" << rows << " col " << j;
       EXPECT_TRUE(std::isfinite(bf16_to_float(y[4 * n + j]))) << "M=" << rows << " col " << j;
+    }
+  }
+}
+
+// The private copy's scale format: option, environment, and the GEMM on fp32 scales. The FP8
+// path with weight_scales = fp32 equals the reference GEMM on the float-rule copy bit for bit,
+// and is within the numerics contract of the fp64 product of its dequantized operands.
+TEST(Projection, WeightScaleFormat) {
+  CleanEnv clean;
+  const int64_t n = 272, k = 384, m = 200;  // N = 2 x 128 + 16: a partial last block
+  const auto w = random_bf16(n * k, 21, 0.02f), x = random_bf16(m * k, 22);
+  ProjectionOptions o = opts(true, 256);
+  o.threshold = 0;
+  o.decode_ceiling = 0;
+  o.weight_scales = ScaleMode::fp32;
+  ProjectionLayer layer(MemorySpace::host, w.data(), n, k, o);
+  ASSERT_EQ(layer.options().weight_scales, ScaleMode::fp32);
+  HostFp8Weight ref = make_host_fp8_weight(n, k);
+  cpu::quantize_weight(w.data(), n, k, ref.out(), ScaleMode::fp32);
+  const Fp8WeightView copy = *layer.fp8_weight();
+  ASSERT_EQ(0, std::memcmp(copy.values, ref.values.data(), ref.values.size()));
+  ASSERT_EQ(0, std::memcmp(copy.scales, ref.scales.data(), ref.scales.size() * sizeof(float)));
+
+  std::vector<bf16> y(m * n, bf16::from_bits(0xffff));
+  layer.forward(x.data(), m, y.data());
+  HostFp8Activation qx = make_host_fp8_activation(m, k);
+  cpu::quantize_activation(x.data(), m, k, qx.out());  // activations stay UE8M0
+  std::vector<bf16> expect(m * n);
+  cpu::gemm_fp8_block(qx.view(), ref.view(), expect.data());
+  EXPECT_EQ(0, std::memcmp(y.data(), expect.data(), y.size() * 2));
+  const std::vector<float> xq = cpu::dequantize(qx.view()), wq = cpu::dequantize(ref.view());
+  const std::vector<double> exact = cpu::gemm_f64(xq.data(), wq.data(), m, n, k);
+  const ErrorStats err = compare(y.data(), exact.data(), m * n);
+  EXPECT_EQ(err.non_finite, 0);
+  EXPECT_LE(err.rel_frobenius, kFp8GemmRelTol);
+
+  // Against the bf16 GEMM the float copy is no worse than the UE8M0 one on Gaussian data (it keeps
+  // up to one more bit of each block's range).
+  o.weight_scales = ScaleMode::ue8m0;
+  ProjectionLayer pow2(MemorySpace::host, w.data(), n, k, o);
+  std::vector<bf16> y2(m * n), yb(m * n);
+  pow2.forward(x.data(), m, y2.data());
+  cpu::gemm_bf16(x.data(), w.data(), yb.data(), m, n, k);
+  const double e_float = rel_error(y, yb), e_pow2 = rel_error(y2, yb);
+  std::printf("FP8 vs bf16: float weight scales %.5f, UE8M0 %.5f\n", e_float, e_pow2);
+  EXPECT_LT(e_float, e_pow2 * 1.02);
+
+  {  // the environment overrides the option, both ways, and rejects anything else
+    EnvGuard g("FP8PROJ_WEIGHT_SCALES", "float");
+    EXPECT_EQ(ProjectionLayer(MemorySpace::host, w.data(), n, k, opts(true)).options().weight_scales, ScaleMode::fp32);
+    ProjectionOptions no_env = opts(true);
+    no_env.apply_env = false;
+    EXPECT_EQ(ProjectionLayer(MemorySpace::host, w.data(), n, k, no_env).options().weight_scales, ScaleMode::ue8m0);
+  }
+  {
+    EnvGuard g("FP8PROJ_WEIGHT_SCALES", "ue8m0");
+    ProjectionOptions f = opts(true);
+    f.weight_scales = ScaleMode::fp32;
+    EXPECT_EQ(ProjectionLayer(MemorySpace::host, w.data(), n, k, f).options().weight_scales, ScaleMode::ue8m0);
+  }
+  {
+    EnvGuard g("FP8PROJ_WEIGHT_SCALES", "fp16");
+    try {
+      ProjectionLayer bad(MemorySpace::host, w.data(), n, k, opts(true));
+      FAIL() << "FP8PROJ_WEIGHT_SCALES=fp16 was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("FP8PROJ_WEIGHT_SCALES='fp16' is not one of ue8m0, float"), std::string::npos)
+          << e.what();
     }
   }
 }

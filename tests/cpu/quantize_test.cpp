@@ -108,6 +108,63 @@ TEST(WeightQuant, NaNBlockBecomesNaN) {
   EXPECT_FALSE(std::isnan(q.scales[3]));
 }
 
+// The fp32 ("float") weight rule of formats.hpp, block by block, edge blocks partial, against the
+// fp64 oracle of test_util.hpp: scale fl32(max(amax, 1e-4) / 448), code e4m3(fl32(w / scale)).
+TEST_P(WeightQuant, Fp32ScalesMatchTheFloatRule) {
+  const auto [n, k] = GetParam();
+  auto w = random_bf16(n * k, 20 + n + k, 0.05f);
+  for (int64_t c = 0; c < std::min<int64_t>(k, 128); ++c) w[c] = float_to_bf16(0.0f);  // row 0 of block (0, 0)
+  HostFp8Weight q = make_host_fp8_weight(n, k);
+  cpu::quantize_weight(w.data(), n, k, q.out(), ScaleMode::fp32);
+  int64_t not_pow2 = 0;
+  for (int64_t br = 0; br < ceil_div(n, 128); ++br)
+    for (int64_t bc = 0; bc < ceil_div(k, 128); ++bc) {
+      float amax = 0;
+      for (int64_t r = br * 128; r < std::min(n, br * 128 + 128); ++r)
+        for (int64_t c = bc * 128; c < std::min(k, bc * 128 + 128); ++c)
+          amax = std::max(amax, std::fabs(bf16_to_float(w[r * k + c])));
+      const float s = testing::naive_fp32_scale(amax, kWeightAmaxEps);
+      ASSERT_EQ(q.scales[br * ceil_div(k, 128) + bc], s) << "block " << br << "," << bc;
+      int e;
+      not_pow2 += std::frexp(s, &e) != 0.5f;
+      for (int64_t r = br * 128; r < std::min(n, br * 128 + 128); ++r)
+        for (int64_t c = bc * 128; c < std::min(k, bc * 128 + 128); ++c)
+          ASSERT_EQ(q.values[r * k + c], testing::naive_fp32_code(bf16_to_float(w[r * k + c]), s))
+              << "element " << r << "," << c;
+    }
+  EXPECT_GT(not_pow2, 0) << "fp32 scales of Gaussian blocks are not powers of two";
+}
+
+TEST(WeightQuant, Fp32ScalesEdgeBlocks) {
+  // An all-zero block takes eps / 448 (codes 0); a NaN block a NaN scale and NaN codes; a block
+  // whose amax is 448 x 2^j gets exactly 2^j (the rule's fixed points), and its amax encodes to 448.
+  std::vector<bf16> w(256 * 384, float_to_bf16(0.0f));
+  w[130 * 384 + 3] = float_to_bf16(NAN);                // block (1, 0)
+  for (int64_t c = 128; c < 256; ++c) w[5 * 384 + c] = float_to_bf16(0.25f);
+  w[7 * 384 + 200] = float_to_bf16(-448.0f * 0.125f);    // block (0, 1): amax 56
+  HostFp8Weight q = make_host_fp8_weight(256, 384);
+  cpu::quantize_weight(w.data(), 256, 384, q.out(), ScaleMode::fp32);
+  EXPECT_EQ(q.scales[0], kWeightAmaxEps / 448.0f);
+  EXPECT_EQ(q.values[0], 0);
+  EXPECT_EQ(q.scales[1], 0.125f);
+  EXPECT_EQ(q.values[7 * 384 + 200], 0xfe);  // -448
+  EXPECT_EQ(q.values[5 * 384 + 128], float_to_e4m3(2.0f));
+  EXPECT_TRUE(std::isnan(q.scales[3]));
+  EXPECT_EQ(q.values[130 * 384 + 3], kE4m3NaN);
+  EXPECT_EQ(q.values[131 * 384 + 5], kE4m3NaN);
+  EXPECT_FALSE(std::isnan(q.scales[4]));
+}
+
+TEST(ScaleModeNames, ParseAndPrint) {
+  EXPECT_EQ(parse_scale_mode("ue8m0"), ScaleMode::ue8m0);
+  EXPECT_EQ(parse_scale_mode("float"), ScaleMode::fp32);
+  EXPECT_EQ(parse_scale_mode("fp32"), ScaleMode::fp32);
+  EXPECT_FALSE(parse_scale_mode("UE8M0").has_value());
+  EXPECT_FALSE(parse_scale_mode("").has_value());
+  EXPECT_STREQ(scale_mode_name(ScaleMode::ue8m0), "ue8m0");
+  EXPECT_STREQ(scale_mode_name(ScaleMode::fp32), "float");
+}
+
 TEST(ActivationQuant, Fp32ScaleMode) {
   const auto x = random_bf16(2 * 128, 7);
   HostFp8Activation q = make_host_fp8_activation(2, 128);

@@ -44,4 +44,13 @@ inline float naive_ue8m0_scale(float amax, float eps) {
   return std::ldexp(1.0f, mant == 0.5f ? e - 1 : e);
 }
 
+// The fp32 ("float") scale rule through fp64: fl32(max(amax, eps) / 448). A quotient of two
+// floats computed in double and rounded once to float is the correctly rounded fp32 quotient
+// (53 >= 2 * 24 + 2 bits), so this is an independent oracle of the IEEE fp32 division.
+inline float naive_fp32_scale(float amax, float eps) {
+  return static_cast<float>(double(amax > eps ? amax : eps) / 448.0);
+}
+// e4m3(fl32(x / s)) by the same route.
+inline uint8_t naive_fp32_code(float x, float s) { return naive_e4m3(double(static_cast<float>(double(x) / s))); }
+
 }  // namespace fp8proj::testing

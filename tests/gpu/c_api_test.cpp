@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -167,6 +168,120 @@ TEST_F(CApiGpu, MatchesFp64ProductOfDecodedOperands) {
   EXPECT_EQ(fp8proj_fp8_gemm_run(g, dx, dxs, 2, 77, dy, nullptr), -1);  // scale stride < m
   EXPECT_NE(last_error().find("stride"), std::string::npos) << last_error();
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << "a refused call must not leave a device error behind";
+  fp8proj_fp8_gemm_destroy(g);
+}
+
+// The nearest e4m3 code to v after saturation at 448, ties to the even code, by search over the
+// decoded codes (independent of the library's encoder).
+uint8_t encode_e4m3_naive(float v) {
+  if (std::isnan(v)) return 0x7f;
+  const uint8_t sign = std::signbit(v) ? 0x80 : 0;
+  const double a = std::min(std::fabs(double(v)), 448.0);
+  int best = 0;
+  double best_d = INFINITY;
+  for (int c = 0; c <= 0x7e; ++c) {
+    const double d = std::fabs(decode_e4m3(static_cast<uint8_t>(c)) - a);
+    if (d < best_d || (d == best_d && (c & 1) == 0)) best = c, best_d = d;
+  }
+  return static_cast<uint8_t>(sign | best);
+}
+
+// The fp32 ("float") scale format through the ABI: weights in 128x128 blocks and activations in
+// 1x128 groups against this file's own rule (scale fl32(max(amax, eps) / 448), code
+// e4m3(fl32(x / scale)), the quotients taken in fp64 and rounded once: the correctly rounded
+// fp32 quotients); a projection made with it holds that format, and its FP8 path matches the GEMM
+// of those operands.
+TEST_F(CApiGpu, FloatScaleFormat) {
+  const int64_t n = 272, k = 384, m = 40;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  auto bf16_of = [](float f) {  // round to nearest even
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  };
+  std::vector<uint16_t> w(n * k), x(m * k);
+  for (auto& v : w) v = bf16_of(0.02f * nd(rng));
+  for (auto& v : x) v = bf16_of(nd(rng));
+  const uint16_t* dw = upload(w);
+  const uint16_t* dx = upload(x);
+  const int64_t rb = (n + 127) / 128, cb = k / 128, ld = 40;
+  uint8_t* dwv = upload(std::vector<uint8_t>(n * k));
+  float* dws = upload(std::vector<float>(rb * cb));
+  uint8_t* dxv = upload(std::vector<uint8_t>(m * k));
+  float* dxs = upload(std::vector<float>(cb * ld));
+  ASSERT_EQ(fp8proj_quantize_weight_scaled(dw, n, k, FP8PROJ_SCALES_FLOAT, dwv, dws, nullptr), 0) << last_error();
+  ASSERT_EQ(fp8proj_quantize_activation_scaled(dx, k, m, k, FP8PROJ_SCALES_FLOAT, dxv, dxs, ld, nullptr), 0)
+      << last_error();
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<uint8_t> wv(n * k), xv(m * k);
+  std::vector<float> ws(rb * cb), xs(cb * ld);
+  ASSERT_EQ(cudaMemcpy(wv.data(), dwv, wv.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(ws.data(), dws, ws.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(xv.data(), dxv, xv.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(xs.data(), dxs, xs.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  int bad = 0;
+  for (int64_t bi = 0; bi < rb; ++bi)
+    for (int64_t bj = 0; bj < cb; ++bj) {
+      double amax = 0;
+      for (int64_t r = bi * 128; r < std::min(n, bi * 128 + 128); ++r)
+        for (int64_t c = bj * 128; c < bj * 128 + 128; ++c) amax = std::max(amax, std::fabs(bf16_to_double(w[r * k + c])));
+      const float s = static_cast<float>(std::max(amax, double(1e-4f)) / 448.0);
+      EXPECT_EQ(ws[bi * cb + bj], s) << "weight block " << bi << "," << bj;
+      for (int64_t r = bi * 128; r < std::min(n, bi * 128 + 128); ++r)
+        for (int64_t c = bj * 128; c < bj * 128 + 128; ++c)
+          bad += wv[r * k + c] != encode_e4m3_naive(static_cast<float>(bf16_to_double(w[r * k + c]) / s));
+    }
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t g = 0; g < cb; ++g) {
+      double amax = 0;
+      for (int64_t c = g * 128; c < g * 128 + 128; ++c) amax = std::max(amax, std::fabs(bf16_to_double(x[i * k + c])));
+      const float s = static_cast<float>(std::max(amax, double(1e-10f)) / 448.0);
+      EXPECT_EQ(xs[g * ld + i], s) << "activation group " << i << "," << g;
+      for (int64_t c = g * 128; c < g * 128 + 128; ++c)
+        bad += xv[i * k + c] != encode_e4m3_naive(static_cast<float>(bf16_to_double(x[i * k + c]) / s));
+    }
+  EXPECT_EQ(bad, 0) << "e4m3 codes differing from the float rule";
+
+  fp8proj_projection_options o;
+  ASSERT_EQ(fp8proj_projection_options_init(&o), 0);
+  o.enabled = 1;
+  o.policy = "all";
+  o.threshold = 0;
+  o.apply_env = 0;
+  fp8proj_projection* p = nullptr;
+  ASSERT_EQ(fp8proj_projection_create_scaled(dw, n, k, &o, FP8PROJ_SCALES_FLOAT, &p), 0) << last_error();
+  int fmt = -1;
+  ASSERT_EQ(fp8proj_projection_weight_scales(p, &fmt), 0) << last_error();
+  EXPECT_EQ(fmt, FP8PROJ_SCALES_FLOAT);
+  void* dy = nullptr;
+  ASSERT_EQ(cudaMalloc(&dy, m * n * 2), cudaSuccess);
+  owned_.push_back(dy);
+  ASSERT_EQ(cudaMemset(dy, 0xff, m * n * 2), cudaSuccess);
+  ASSERT_EQ(fp8proj_projection_forward(p, dx, m, dy, nullptr), 0) << last_error();
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<uint16_t> y(m * n);
+  ASSERT_EQ(cudaMemcpy(y.data(), dy, y.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+  // The layer quantizes its activations with UE8M0 scales; its weight copy is the float one
+  // checked above. Its output against the fp64 product of the bf16 operands: the quantization's
+  // own error (~3-4% relative), every element finite.
+  double err = 0, ref = 0;
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double acc = 0;
+      for (int64_t c = 0; c < k; ++c) acc += bf16_to_double(x[i * k + c]) * bf16_to_double(w[j * k + c]);
+      const double got = bf16_to_double(y[i * n + j]);
+      ASSERT_TRUE(std::isfinite(got)) << "y[" << i << "," << j << "]";
+      err += (got - acc) * (got - acc);
+      ref += acc * acc;
+    }
+  EXPECT_LT(std::sqrt(err / ref), 0.08);
+  fp8proj_projection_destroy(p);
+
+  fp8proj_fp8_gemm* g = nullptr;
+  ASSERT_EQ(fp8proj_fp8_gemm_create(dwv, dws, n, k, 64, nullptr, &g), 0) << last_error();
+  size_t bytes = 1;
+  EXPECT_EQ(fp8proj_fp8_gemm_workspace_bytes(g, &bytes), 0) << last_error();
   fp8proj_fp8_gemm_destroy(g);
 }
 

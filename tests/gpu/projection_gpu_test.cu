@@ -11,6 +11,8 @@
 #include <utility>
 
 #include "fp8proj/projection.hpp"
+#include "fp8proj/quantize.hpp"
+#include "fp8proj/random.hpp"
 #include "fp8proj/reference.hpp"
 #include "gpu_test_util.hpp"
 
@@ -131,6 +133,46 @@ TEST_F(ProjectionGraphGpu, TunedConfigurationsRunAsSelected) {
     EXPECT_LE(e.rel_frobenius, 2 * kFp8GemmRelTol) << "M=" << m << " " << name << " vs "
                                                    << heuristic.explain(m).config;
   }
+}
+
+// ProjectionOptions::weight_scales on the device: the layer's FP8 copy is the float rule's,
+// bit-exact with the CPU reference quantizer, and its FP8 path equals the host layer's reference
+// GEMM on that copy within the numerics contract (same activations, UE8M0).
+TEST_F(ProjectionGraphGpu, FloatWeightScalesCopyBitExactWithCpu) {
+  if (!current_device().is_sm90()) GTEST_SKIP() << "FP8 path needs sm_90; this GPU is " << current_device().arch();
+  const int64_t n = 2624, k = 2048, m = 1000;  // fused_qkv_a-like: a partial last weight block
+  std::vector<bf16> hw(static_cast<size_t>(n * k)), hx(static_cast<size_t>(m * k));
+  fill_normal(MemorySpace::host, hw.data(), n * k, 41, 0.02f);
+  fill_normal(MemorySpace::host, hx.data(), m * k, 42, 1.0f);
+  Buffer w(MemorySpace::device, n * k * sizeof(bf16)), x(MemorySpace::device, m * k * sizeof(bf16));
+  copy_bytes(w.data(), MemorySpace::device, hw.data(), MemorySpace::host, w.bytes());
+  copy_bytes(x.data(), MemorySpace::device, hx.data(), MemorySpace::host, x.bytes());
+  ProjectionOptions o;
+  o.name = "float_scales";
+  o.fp8 = true;
+  o.apply_env = false;
+  o.use_tune_table = false;
+  o.threshold = 0;
+  o.policy = Fp8Policy::all;
+  o.max_tokens = 1024;
+  o.weight_scales = ScaleMode::fp32;
+  ProjectionLayer dev(MemorySpace::device, w.data<bf16>(), n, k, o);
+  ProjectionLayer host(MemorySpace::host, hw.data(), n, k, o);
+  ASSERT_TRUE(dev.has_fp8_copy() && host.has_fp8_copy());
+  HostFp8Weight ref = make_host_fp8_weight(n, k);
+  cpu::quantize_weight(hw.data(), n, k, ref.out(), ScaleMode::fp32);
+  const Fp8WeightView dv = *dev.fp8_weight();
+  EXPECT_EQ(to_host<uint8_t>(dv.values, ref.values.size()), ref.values);
+  const auto scales = to_host<float>(dv.scales, ref.scales.size());
+  EXPECT_EQ(0, std::memcmp(scales.data(), ref.scales.data(), ref.scales.size() * sizeof(float)));
+  Buffer y = poisoned(m * n * sizeof(bf16));
+  dev.forward(x.data<bf16>(), m, y.data<bf16>());
+  std::vector<bf16> yh_ref(static_cast<size_t>(m * n));
+  host.forward(hx.data(), m, yh_ref.data());
+  const auto yh = to_host<bf16>(y.data(), m * n);
+  const ErrorStats e = compare(yh.data(), yh_ref.data(), m * n);
+  EXPECT_EQ(e.non_finite, 0);
+  EXPECT_LE(e.rel_frobenius, 2 * kFp8GemmRelTol);  // two kernels' bf16 roundings of the same product
 }
 
 }  // namespace

@@ -179,24 +179,28 @@ const std::vector<Shape> kActivationShapes = {
 
 class ActivationQuantGpu : public GpuTest, public ::testing::WithParamInterface<Shape> {};
 
+// Both scale formats: UE8M0 (the layer's default) and fp32 amax/448 (ScaleMode::fp32, the rule
+// the FP8-checkpoint path quantizes activations with), each bit-exact with its CPU reference.
 TEST_P(ActivationQuantGpu, BitExactWithCpu) {
   const auto [m, k] = GetParam();
   const Stream stream;
-  for (int variant = 0; variant < 2; ++variant) {
-    // variant 0: wide-range values (subnormals, ties, flush to zero); 1: Gaussian rows.
-    const auto x = variant == 0 ? testing::wide_range_bf16(m, k, uint32_t(m * 131 + k))
-                                : testing::normal_rows_bf16(m, k, uint32_t(m * 7 + k));
-    HostFp8Activation ref = make_host_fp8_activation(m, k);
-    cpu::quantize_activation(x.data(), m, k, ref.out());
+  for (const ScaleMode mode : {ScaleMode::ue8m0, ScaleMode::fp32})
+    for (int variant = 0; variant < 2; ++variant) {
+      // variant 0: wide-range values (subnormals, ties, flush to zero); 1: Gaussian rows.
+      const auto x = variant == 0 ? testing::wide_range_bf16(m, k, uint32_t(m * 131 + k))
+                                  : testing::normal_rows_bf16(m, k, uint32_t(m * 7 + k));
+      HostFp8Activation ref = make_host_fp8_activation(m, k);
+      cpu::quantize_activation(x.data(), m, k, ref.out(), mode);
 
-    const int64_t scale_ld = activation_scale_ld(m) + 8 * variant;  // variant 1: a wider caller stride
-    Buffer d_x = to_device(x);
-    Buffer values = poisoned(static_cast<size_t>(m * k)), scales = poisoned(static_cast<size_t>(k / 128 * scale_ld) * 4);
-    const Fp8ActivationOut out{values.data<uint8_t>(), scales.data<float>(), m, k, scale_ld};
-    device_ops().quantize_activation(d_x.data<bf16>(), m, k, out, stream.handle());
-    stream.sync();
-    expect_matches(ref, values, scales, scale_ld, x, "variant " + std::to_string(variant));
-  }
+      const int64_t scale_ld = activation_scale_ld(m) + 8 * variant;  // variant 1: a wider caller stride
+      Buffer d_x = to_device(x);
+      Buffer values = poisoned(static_cast<size_t>(m * k)), scales = poisoned(static_cast<size_t>(k / 128 * scale_ld) * 4);
+      const Fp8ActivationOut out{values.data<uint8_t>(), scales.data<float>(), m, k, scale_ld};
+      device_ops().quantize_activation(d_x.data<bf16>(), m, k, out, mode, stream.handle());
+      stream.sync();
+      expect_matches(ref, values, scales, scale_ld, x,
+                     std::string(scale_mode_name(mode)) + " scales, variant " + std::to_string(variant));
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, ActivationQuantGpu, ::testing::ValuesIn(kActivationShapes), shape_name);
@@ -214,16 +218,18 @@ TEST_F(ActivationQuantGpuEdge, NonFiniteGroups) {
   x[3 * k + 1023] = float_to_bf16(-inf);
   x[36 * k + 777] = bf16::from_bits(0xff81);  // a NaN with sign and payload
   for (int64_t j = 0; j < k; ++j) x[20 * k + j] = float_to_bf16(nan);
-  HostFp8Activation ref = make_host_fp8_activation(m, k);
-  cpu::quantize_activation(x.data(), m, k, ref.out());
-  ASSERT_TRUE(std::isnan(ref.scales[0 * ref.scale_ld + 0]));  // the CPU reference does flag it
+  for (const ScaleMode mode : {ScaleMode::ue8m0, ScaleMode::fp32}) {
+    HostFp8Activation ref = make_host_fp8_activation(m, k);
+    cpu::quantize_activation(x.data(), m, k, ref.out(), mode);
+    ASSERT_TRUE(std::isnan(ref.scales[0 * ref.scale_ld + 0]));  // the CPU reference does flag it
 
-  Buffer d_x = to_device(x);
-  Buffer values = poisoned(m * k), scales = poisoned(static_cast<size_t>(k / 128 * ref.scale_ld) * 4);
-  device_ops().quantize_activation(d_x.data<bf16>(), m, k,
-                                   {values.data<uint8_t>(), scales.data<float>(), m, k, ref.scale_ld}, nullptr);
-  device_ops().synchronize(nullptr);
-  expect_matches(ref, values, scales, ref.scale_ld, x, "non-finite");
+    Buffer d_x = to_device(x);
+    Buffer values = poisoned(m * k), scales = poisoned(static_cast<size_t>(k / 128 * ref.scale_ld) * 4);
+    device_ops().quantize_activation(d_x.data<bf16>(), m, k,
+                                     {values.data<uint8_t>(), scales.data<float>(), m, k, ref.scale_ld}, mode, nullptr);
+    device_ops().synchronize(nullptr);
+    expect_matches(ref, values, scales, ref.scale_ld, x, std::string("non-finite, ") + scale_mode_name(mode));
+  }
 }
 
 class DeviceQuantOpsArgs : public GpuTest {};
@@ -341,32 +347,39 @@ const std::vector<Shape> kWeightShapes = {{128, 128}, {1, 1},     {300, 200},  {
 
 class WeightQuantGpu : public GpuTest, public ::testing::WithParamInterface<Shape> {};
 
+// Both scale formats of the private copy (ProjectionOptions::weight_scales), and for the fp32 one
+// a Gaussian weight too (the wide-range one mostly exercises tiny and huge blocks).
 TEST_P(WeightQuantGpu, BitExactWithCpu) {
   const auto [n, k] = GetParam();
-  auto w = testing::wide_range_bf16(n, k, uint32_t(n * 17 + k));
-  // Non-finite blocks: a NaN in block (0, 0), an Inf in the last block.
-  w[0] = float_to_bf16(std::numeric_limits<float>::quiet_NaN());
-  if (n * k > 1) w[n * k - 1] = float_to_bf16(-std::numeric_limits<float>::infinity());
-  HostFp8Weight ref = make_host_fp8_weight(n, k);
-  cpu::quantize_weight(w.data(), n, k, ref.out());
+  for (const ScaleMode mode : {ScaleMode::ue8m0, ScaleMode::fp32})
+    for (int variant = 0; variant < (mode == ScaleMode::fp32 ? 2 : 1); ++variant) {
+      auto w = variant == 0 ? testing::wide_range_bf16(n, k, uint32_t(n * 17 + k))
+                            : testing::normal_rows_bf16(n, k, uint32_t(n * 5 + k));
+      // Non-finite blocks: a NaN in block (0, 0), an Inf in the last block.
+      w[0] = float_to_bf16(std::numeric_limits<float>::quiet_NaN());
+      if (n * k > 1) w[n * k - 1] = float_to_bf16(-std::numeric_limits<float>::infinity());
+      HostFp8Weight ref = make_host_fp8_weight(n, k);
+      cpu::quantize_weight(w.data(), n, k, ref.out(), mode);
+      const std::string what = std::string(scale_mode_name(mode)) + " scales, variant " + std::to_string(variant);
 
-  Buffer d_w = to_device(w);
-  Buffer values = poisoned(static_cast<size_t>(n * k)), scales = poisoned(ref.scales.size() * 4);
-  const Stream stream;
-  device_ops().quantize_weight(d_w.data<bf16>(), n, k, {values.data<uint8_t>(), scales.data<float>(), n, k},
-                               stream.handle());
-  device_ops().synchronize(stream.handle());
-  const auto got_v = to_host<uint8_t>(values.data(), static_cast<size_t>(n * k));
-  const auto got_s = to_host<float>(scales.data(), ref.scales.size());
-  for (size_t b = 0; b < ref.scales.size(); ++b)
-    EXPECT_EQ(bits_of(got_s[b]), bits_of(ref.scales[b])) << "block " << b / ceil_div(k, 128) << ", "
-                                                         << b % ceil_div(k, 128);
-  int bad = 0;
-  for (int64_t i = 0; i < n * k && bad < 8; ++i)
-    if (got_v[i] != ref.values[i]) {
-      ADD_FAILURE() << "value (" << i / k << ", " << i % k << ") input 0x" << std::hex << w[i].bits << ": GPU 0x"
-                    << int(got_v[i]) << ", CPU 0x" << int(ref.values[i]);
-      ++bad;
+      Buffer d_w = to_device(w);
+      Buffer values = poisoned(static_cast<size_t>(n * k)), scales = poisoned(ref.scales.size() * 4);
+      const Stream stream;
+      device_ops().quantize_weight(d_w.data<bf16>(), n, k, {values.data<uint8_t>(), scales.data<float>(), n, k}, mode,
+                                   stream.handle());
+      device_ops().synchronize(stream.handle());
+      const auto got_v = to_host<uint8_t>(values.data(), static_cast<size_t>(n * k));
+      const auto got_s = to_host<float>(scales.data(), ref.scales.size());
+      for (size_t b = 0; b < ref.scales.size(); ++b)
+        EXPECT_EQ(bits_of(got_s[b]), bits_of(ref.scales[b])) << what << ": block " << b / ceil_div(k, 128) << ", "
+                                                             << b % ceil_div(k, 128);
+      int bad = 0;
+      for (int64_t i = 0; i < n * k && bad < 8; ++i)
+        if (got_v[i] != ref.values[i]) {
+          ADD_FAILURE() << what << ": value (" << i / k << ", " << i % k << ") input 0x" << std::hex << w[i].bits
+                        << ": GPU 0x" << int(got_v[i]) << ", CPU 0x" << int(ref.values[i]);
+          ++bad;
+        }
     }
 }
 

@@ -9,6 +9,10 @@ Run by CTest as: test_formats.py <path to fp8proj_format_probe>.
   saturate).
 - UE8M0: the scale rule computed here in exact rational arithmetic (the smallest power of two
   >= fl32(max(amax, eps) / 448), exponent clamped to [1, 254]) equals ours bit for bit.
+- fp32 ("float") scales: the library's weight (128x128) and activation (1x128) quantizers in
+  ScaleMode::fp32 against numpy's IEEE float32 arithmetic and ml_dtypes: scale
+  fl32(max(amax, eps) / 448), code e4m3(fl32(x / scale)), on fp32 inputs of many magnitudes,
+  partial edge blocks, all-zero blocks (scale eps/448) and non-finite blocks (NaN scale, NaN codes).
 """
 import subprocess
 import sys
@@ -98,9 +102,81 @@ def test_ue8m0(rng):
     print(f"ue8m0: {n} amax values x 2 eps identical to the exact rule; amax/scale <= 448")
 
 
+def fp32_rule(groups, eps):
+    """(scales, codes) of the float rule for groups [..., G] of float32 values, in numpy float32."""
+    finite = np.isfinite(groups).all(axis=-1)
+    amax = np.where(finite, np.abs(np.where(np.isfinite(groups), groups, 0)).max(axis=-1), 0).astype(np.float32)
+    scale = (np.maximum(amax, np.float32(eps)) / np.float32(448.0)).astype(np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        q = (groups / scale[..., None]).astype(np.float32)
+        codes = np.clip(q, -448.0, 448.0).astype(E4M3).view(np.uint8)
+    scale = np.where(finite, scale, np.float32(np.nan)).astype(np.float32)
+    codes = np.where(finite[..., None], codes, np.uint8(0x7f))
+    return scale, codes
+
+
+def fp32_inputs(rng, shape):
+    x = rng.standard_normal(shape).astype(np.float32)
+    # A magnitude per row spanning 1e-9 .. 1e30, so that blocks and groups hit subnormal e4m3
+    # codes, the eps clamp (amax < 1e-4 or 1e-10) and scales far from 1.
+    x *= (10.0 ** rng.uniform(-9, 30, size=(shape[0], 1))).astype(np.float32)
+    return x.astype(np.float32)
+
+
+def test_fp32_weight(rng):
+    n, k = 300, 520  # partial last blocks both ways: 3 x 5 blocks
+    w = fp32_inputs(rng, (n, k))
+    w[0:128, 0:128] = 0.0                        # all-zero block: scale eps / 448
+    w[128:256, 128:256] *= np.float32(1e-7)      # amax below eps
+    w[200, 300] = np.nan                          # block (1, 2) non-finite
+    w[5, 515] = np.inf                            # block (0, 4) non-finite
+    out = probe_tensor("fp32_weight", w)
+    rb, cb = -(-n // 128), -(-k // 128)
+    scales = np.frombuffer(out[:4 * rb * cb], dtype=np.float32).reshape(rb, cb)
+    codes = np.frombuffer(out[4 * rb * cb:], dtype=np.uint8).reshape(n, k)
+    for i in range(rb):
+        for j in range(cb):
+            blk = w[128 * i:128 * i + 128, 128 * j:128 * j + 128]
+            s_ref, c_ref = fp32_rule(blk.reshape(1, -1), 1e-4)
+            assert np.array_equal(scales[i, j:j + 1].view(np.uint32), s_ref.view(np.uint32)) or (
+                np.isnan(scales[i, j]) and np.isnan(s_ref[0])), f"block ({i},{j}) scale {scales[i, j]!r} vs {s_ref[0]!r}"
+            got = codes[128 * i:128 * i + 128, 128 * j:128 * j + 128].reshape(-1)
+            bad = np.nonzero(got != c_ref[0])[0]
+            assert bad.size == 0, f"block ({i},{j}): {bad.size} codes differ, first {got[bad[0]]:#04x} vs " \
+                                  f"{c_ref[0][bad[0]]:#04x} for {blk.reshape(-1)[bad[0]]!r}"
+    assert np.isnan(scales[1, 2]) and np.isnan(scales[0, 4]) and scales[0, 0] == np.float32(1e-4) / np.float32(448)
+    print(f"fp32 weight scales: {n}x{k}, {rb * cb} blocks identical to numpy float32 + ml_dtypes")
+
+
+def test_fp32_activation(rng):
+    m, k = 203, 1024
+    x = fp32_inputs(rng, (m, k))
+    x[7, :] = 0.0
+    x[9, 130] = np.nan
+    out = probe_tensor("fp32_act", x)
+    ld = -(-m // 4) * 4
+    scales = np.frombuffer(out[:4 * (k // 128) * ld], dtype=np.float32).reshape(k // 128, ld)
+    codes = np.frombuffer(out[4 * (k // 128) * ld:], dtype=np.uint8).reshape(m, k)
+    s_ref, c_ref = fp32_rule(x.reshape(m, k // 128, 128), 1e-10)
+    got = scales[:, :m].T
+    assert np.array_equal(np.isnan(got), np.isnan(s_ref)), "NaN scales differ"
+    fin = ~np.isnan(s_ref)
+    assert np.array_equal(got[fin].view(np.uint32), s_ref[fin].view(np.uint32)), "activation scales differ"
+    bad = np.nonzero(codes != c_ref.reshape(m, k))
+    assert bad[0].size == 0, f"{bad[0].size} activation codes differ"
+    print(f"fp32 activation scales: {m}x{k}, {m * k // 128} groups identical to numpy float32 + ml_dtypes")
+
+
+def probe_tensor(mode, t):
+    return subprocess.run([PROBE, mode, str(t.shape[0]), str(t.shape[1])], input=t.astype(np.float32).tobytes(),
+                          capture_output=True, check=True).stdout
+
+
 if __name__ == "__main__":
     rng = np.random.default_rng(20261130)
     test_decode()
     test_encode(rng)
     test_ue8m0(rng)
+    test_fp32_weight(rng)
+    test_fp32_activation(rng)
     print("formats: all oracle checks passed")

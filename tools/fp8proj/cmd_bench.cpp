@@ -6,12 +6,14 @@
 #include <fmt/format.h>
 
 #include <fstream>
+#include <memory>
 
 #include "commands.hpp"
 #include "common.hpp"
 #include "fp8proj/error.hpp"
 #include "fp8proj/ops.hpp"
 #include "fp8proj/projection.hpp"
+#include "fp8proj/quantize.hpp"
 #include "fp8proj/timing.hpp"
 
 namespace fp8proj::cli {
@@ -27,6 +29,7 @@ struct BenchArgs {
   int reps = 0;
   bool no_flush = false;
   bool cpu = false;
+  std::string weight_scales = "ue8m0";
   std::string csv, json;
 };
 
@@ -35,6 +38,7 @@ struct Row {
   int64_t m;
   double bf16_us, fp8_us, gemm_us, gated_us;
   std::string path, fp8_backend;
+  ScaleMode weight_scales = ScaleMode::ue8m0;  // of the FP8 copy the fp8 and gemm columns ran
 };
 
 double tflops(int64_t m, int64_t n, int64_t k, double us) { return 2.0 * m * n * k / (us * 1e-6) / 1e12; }
@@ -61,6 +65,8 @@ void run_bench(const BenchArgs& a) {
   }
   const std::vector<int64_t> ms =
       parse_m_list(!a.m.empty() ? a.m : (gpu ? "1,16,64,128,256,512,1024,2048,4096,8192,16384,32768" : "1,16,128,1024"));
+  // One FP8 layer per scale format of its copy, all timed in the same interleaved rounds.
+  const std::vector<ScaleMode> modes = parse_scale_modes(a.weight_scales);
   check_outputs({{"--csv", a.csv}, {"--json", a.json}});
   fmt::print("fp8proj bench -- {}\n", space_banner(space));
   TimingOptions topt;
@@ -88,11 +94,6 @@ void run_bench(const BenchArgs& a) {
     base.apply_env = false;
     ProjectionOptions bf16_only = base;
     bf16_only.name = s.label() + " bf16";
-    ProjectionOptions fp8_always = base;  // FP8 at every M: threshold and ceiling 0
-    fp8_always.name = s.label() + " fp8";
-    fp8_always.fp8 = true;
-    fp8_always.threshold = 0;
-    fp8_always.decode_ceiling = 0;
     ProjectionOptions gated = base;
     gated.apply_env = true;
     gated.name = s.label();
@@ -100,20 +101,30 @@ void run_bench(const BenchArgs& a) {
     gated.policy = a.policy == "all" ? Fp8Policy::all : Fp8Policy::prefill;
 
     ProjectionLayer l_bf16(space, w.data(), s.n, s.k, bf16_only);
-    ProjectionLayer l_fp8(space, w.data(), s.n, s.k, fp8_always);
+    std::vector<std::unique_ptr<ProjectionLayer>> l_fp8;
+    for (const ScaleMode mode : modes) {
+      ProjectionOptions fp8_always = base;  // FP8 at every M: threshold and ceiling 0
+      fp8_always.name = s.label() + " fp8";
+      fp8_always.fp8 = true;
+      fp8_always.threshold = 0;
+      fp8_always.decode_ceiling = 0;
+      fp8_always.weight_scales = mode;
+      l_fp8.push_back(std::make_unique<ProjectionLayer>(space, w.data(), s.n, s.k, fp8_always));
+    }
     ProjectionLayer l_gate(space, w.data(), s.n, s.k, gated);
-    const bool fp8_ok = l_fp8.has_fp8_copy() && l_fp8.path_for(1) == Path::fp8;
-    const std::string fp8_backend = fp8_ok ? l_fp8.explain(ms.back()).backend : "none";
+    const bool fp8_ok = l_fp8[0]->has_fp8_copy() && l_fp8[0]->path_for(1) == Path::fp8;
+    const std::string fp8_backend = fp8_ok ? l_fp8[0]->explain(ms.back()).backend : "none";
     const ProjectionMemory mem = l_gate.memory();
-    fmt::print("\n{}  [FP8 backend {}; gate: policy {}, FP8 copy +{:.1f}% of the bf16 weight]\n", s.label(),
-               fp8_backend, to_string(l_gate.options().policy), 100 * mem.fp8_overhead());
-    if (!fp8_ok) fmt::print("  FP8 path unavailable: {}\n", l_fp8.explain(max_m).reason);
-    fmt::print("  {:>6} {:>10} {:>10} {:>10} {:>8} {:>8} {:>9} {:>9} {:>9} {:>10}  {}\n", "M", "bf16 us", "fp8 us",
-               "gemm us", "fp8 x", "gemm x", "bf16 TF/s", "fp8 TF/s", "gemm TF/s", "gated us", "gate");
+    fmt::print("\n{}  [FP8 backend {}; gate: policy {}, weight scales {}, FP8 copy +{:.1f}% of the bf16 weight]\n",
+               s.label(), fp8_backend, to_string(l_gate.options().policy),
+               scale_mode_name(l_gate.options().weight_scales), 100 * mem.fp8_overhead());
+    if (!fp8_ok) fmt::print("  FP8 path unavailable: {}\n", l_fp8[0]->explain(max_m).reason);
+    fmt::print("  {:>6} {:>6} {:>10} {:>10} {:>10} {:>8} {:>8} {:>9} {:>9} {:>9} {:>10}  {}\n", "M", "w scl",
+               "bf16 us", "fp8 us", "gemm us", "fp8 x", "gemm x", "bf16 TF/s", "fp8 TF/s", "gemm TF/s", "gated us",
+               "gate");
 
     for (int64_t m : ms) {
-      Row r{s, m, 0, 0, 0, 0, to_string(l_gate.path_for(m)), fp8_backend};
-      // The GEMM-only variant reads activations quantized once up front, in the layout the
+      // The GEMM-only variants read activations quantized once up front, in the layout the
       // FP8 path's own quantization writes.
       Fp8ActivationView qv{};
       if (fp8_ok) {
@@ -122,37 +133,38 @@ void run_bench(const BenchArgs& a) {
         qv = shared_ws->fp8(m, s.k).view();
       }
       using Fn = std::function<void(StreamHandle)>;
-      const std::vector<double> t = time_interleaved(
-          space,
-          {[&](StreamHandle st) { l_bf16.forward(x.data(), m, y.data(), st); },
-           fp8_ok ? Fn([&](StreamHandle st) { l_fp8.forward(x.data(), m, y.data(), st); }) : Fn(),
-           fp8_ok ? Fn([&](StreamHandle st) { l_fp8.forward_quantized(qv, y.data(), st); }) : Fn(),
-           [&](StreamHandle st) { l_gate.forward(x.data(), m, y.data(), st); }},
-          topt);
-      r.bf16_us = t[0];
-      r.fp8_us = t[1];
-      r.gemm_us = t[2];
-      r.gated_us = t[3];
-      auto ratio = [&](double t) { return t > 0 ? fmt::format("{:.2f}", r.bf16_us / t) : std::string("-"); };
-      auto tf = [&](double t) { return t > 0 ? fmt::format("{:.3g}", tflops(m, s.n, s.k, t)) : std::string("-"); };
-      fmt::print("  {:>6} {:>10.1f} {:>10.1f} {:>10.1f} {:>8} {:>8} {:>9} {:>9} {:>9} {:>10.1f}  {}\n", m, r.bf16_us,
-                 r.fp8_us, r.gemm_us, ratio(r.fp8_us), ratio(r.gemm_us), tf(r.bf16_us), tf(r.fp8_us), tf(r.gemm_us),
-                 r.gated_us, r.path);
-      rows.push_back(r);
+      // bf16, gated, then (fp8 path, gemm alone) per scale format: one interleaved round.
+      std::vector<Fn> fns = {[&](StreamHandle st) { l_bf16.forward(x.data(), m, y.data(), st); },
+                             [&](StreamHandle st) { l_gate.forward(x.data(), m, y.data(), st); }};
+      for (auto& l : l_fp8) {
+        ProjectionLayer* lp = l.get();
+        fns.push_back(fp8_ok ? Fn([&, lp](StreamHandle st) { lp->forward(x.data(), m, y.data(), st); }) : Fn());
+        fns.push_back(fp8_ok ? Fn([&, lp](StreamHandle st) { lp->forward_quantized(qv, y.data(), st); }) : Fn());
+      }
+      const std::vector<double> t = time_interleaved(space, fns, topt);
+      for (size_t i = 0; i < modes.size(); ++i) {
+        Row r{s, m, t[0], t[2 + 2 * i], t[3 + 2 * i], t[1], to_string(l_gate.path_for(m)), fp8_backend, modes[i]};
+        auto ratio = [&](double v) { return v > 0 ? fmt::format("{:.2f}", r.bf16_us / v) : std::string("-"); };
+        auto tf = [&](double v) { return v > 0 ? fmt::format("{:.3g}", tflops(m, s.n, s.k, v)) : std::string("-"); };
+        fmt::print("  {:>6} {:>6} {:>10.1f} {:>10.1f} {:>10.1f} {:>8} {:>8} {:>9} {:>9} {:>9} {:>10.1f}  {}\n", m,
+                   scale_mode_name(r.weight_scales), r.bf16_us, r.fp8_us, r.gemm_us, ratio(r.fp8_us), ratio(r.gemm_us),
+                   tf(r.bf16_us), tf(r.fp8_us), tf(r.gemm_us), r.gated_us, r.path);
+        rows.push_back(r);
+      }
     }
   }
 
   if (!a.csv.empty()) {
     std::string csv = "model,gemm,tp,n,k,m,bf16_us,fp8_us,fp8_gemm_us,speedup,gemm_speedup,bf16_tflops,fp8_tflops,"
-                      "gemm_tflops,gated_us,path,fp8_backend\n";
+                      "gemm_tflops,gated_us,path,fp8_backend,weight_scales\n";
     for (const Row& r : rows)
-      csv += fmt::format("{},{},{},{},{},{},{:.3f},{:.3f},{:.3f},{:.4f},{:.4f},{:.1f},{:.1f},{:.1f},{:.3f},{},{}\n",
+      csv += fmt::format("{},{},{},{},{},{},{:.3f},{:.3f},{:.3f},{:.4f},{:.4f},{:.1f},{:.1f},{:.1f},{:.3f},{},{},{}\n",
                          r.shape.model, r.shape.gemm, r.shape.tp, r.shape.n, r.shape.k, r.m, r.bf16_us, r.fp8_us,
                          r.gemm_us, r.fp8_us > 0 ? r.bf16_us / r.fp8_us : 0.0,
                          r.gemm_us > 0 ? r.bf16_us / r.gemm_us : 0.0, tflops(r.m, r.shape.n, r.shape.k, r.bf16_us),
                          r.fp8_us > 0 ? tflops(r.m, r.shape.n, r.shape.k, r.fp8_us) : 0.0,
                          r.gemm_us > 0 ? tflops(r.m, r.shape.n, r.shape.k, r.gemm_us) : 0.0, r.gated_us, r.path,
-                         r.fp8_backend);
+                         r.fp8_backend, scale_mode_name(r.weight_scales));
     write_text(a.csv, csv);
   }
   if (!a.json.empty()) {
@@ -164,7 +176,7 @@ void run_bench(const BenchArgs& a) {
       j["rows"].push_back({{"model", r.shape.model}, {"gemm", r.shape.gemm}, {"tp", r.shape.tp}, {"n", r.shape.n},
                            {"k", r.shape.k}, {"m", r.m}, {"bf16_us", r.bf16_us}, {"fp8_us", r.fp8_us},
                            {"fp8_gemm_us", r.gemm_us}, {"gated_us", r.gated_us}, {"path", r.path},
-                           {"fp8_backend", r.fp8_backend}});
+                           {"fp8_backend", r.fp8_backend}, {"weight_scales", scale_mode_name(r.weight_scales)}});
     write_text(a.json, j.dump(1) + "\n");
   }
 }
@@ -187,6 +199,10 @@ void register_bench(CLI::App& app) {
       ->transform(int_in(1, kMaxCliReps));
   cmd->add_flag("--no-flush", args->no_flush, "Do not flush L2 before timed calls (flatters bf16 at small M)");
   cmd->add_flag("--cpu", args->cpu, "Use the CPU reference even if a GPU is present");
+  cmd->add_option("--weight-scales", args->weight_scales,
+                  "Scale format(s) of the fp8/gemm columns' FP8 weight copy: ue8m0, float, or ue8m0,float (both "
+                  "timed in the same interleaved rounds; the gated column follows FP8PROJ_WEIGHT_SCALES)")
+      ->capture_default_str();
   cmd->add_option("--csv", args->csv, "Write the rows as CSV");
   cmd->add_option("--json", args->json, "Write the rows as JSON with the GPU/version stamp");
   cmd->callback([args] { run_bench(*args); });

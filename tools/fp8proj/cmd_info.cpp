@@ -39,8 +39,8 @@ void register_info(CLI::App& app) {
       fmt::print("none (thresholds default to {})\n", kDefaultThreshold);
     fmt::print("\nenvironment:\n");
     for (const char* k : {"FP8PROJ_PREFILL_FP8", "FP8PROJ_MIN_FP8_TOKENS", "FP8PROJ_DECODE_CEILING",
-                          "FP8PROJ_FP8_BACKEND", "FP8PROJ_TUNE_FILE", "FP8PROJ_LOG_LEVEL", "FP8PROJ_RANK",
-                          "FP8PROJ_WORLD_SIZE", "FP8PROJ_LOCAL_RANK", "FP8PROJ_NCCL_ID_FILE", "FP8PROJ_NCCL_ID",
+                          "FP8PROJ_FP8_BACKEND", "FP8PROJ_WEIGHT_SCALES", "FP8PROJ_TUNE_FILE", "FP8PROJ_LOG_LEVEL",
+                          "FP8PROJ_RANK", "FP8PROJ_WORLD_SIZE", "FP8PROJ_LOCAL_RANK", "FP8PROJ_NCCL_ID_FILE", "FP8PROJ_NCCL_ID",
                           "FP8PROJ_NCCL_TIMEOUT_S", "FP8PROJ_NCCL_BLOCKING", "FP8PROJ_NCCL_LIBRARY"})
       fmt::print("  {:<24} {}\n", k, env::get(k).value_or("(unset)"));
   });

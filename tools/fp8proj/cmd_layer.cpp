@@ -26,6 +26,7 @@
 #include "fp8proj/mla.hpp"
 #include "fp8proj/ops.hpp"
 #include "fp8proj/projection.hpp"
+#include "fp8proj/quantize.hpp"
 #include "fp8proj/reference.hpp"
 #include "fp8proj/timing.hpp"
 #include "fp8proj/tune.hpp"
@@ -47,6 +48,7 @@ struct LayerArgs {
   bool no_decode = false;
   bool fuse_attention_quant = false;
   bool cpu = false;
+  std::string weight_scales = "ue8m0";  // the flag-on blocks' FP8 copies: one block per format
   std::string csv, json, md;
 };
 
@@ -60,6 +62,7 @@ struct PrefillRow {
   double attn_tflops = 0;
   std::string q_path, o_path, fp8_backend;
   std::string qkv_path, kv_b_path;
+  ScaleMode weight_scales = ScaleMode::ue8m0;  // of the flag-on block's FP8 copies
 };
 
 struct DecodeRow {
@@ -71,6 +74,7 @@ struct DecodeRow {
   bool graph = false;
   double rel_err = 0;        // flag-on step's output against the flag-off (bf16) step's
   bool bit_identical = false;
+  ScaleMode weight_scales = ScaleMode::ue8m0;
 };
 
 // An int32 array in a memory space.
@@ -132,6 +136,8 @@ void run_layer(const LayerArgs& a) {
   std::vector<int> seqs = parse_int_list(!a.seqs.empty() ? a.seqs : (gpu ? "4,8,16,32,64" : "1"), "--seqs", 1, 1 << 20);
   std::sort(seqs.begin(), seqs.end());
   const int L = a.seqlen > 0 ? a.seqlen : (gpu ? 1024 : 64);
+  // One flag-on block per scale format of its FP8 copies, all timed in the same interleaved rounds.
+  const std::vector<ScaleMode> modes = parse_scale_modes(a.weight_scales);
   FP8PROJ_CHECK(seqs.front() >= 1 && L >= 1, "--seqs and --seqlen must be positive");
   check_outputs({{"--csv", a.csv}, {"--json", a.json}, {"--md", a.md}});
   fmt::print("fp8proj layer -- {}\n", space_banner(space));
@@ -186,9 +192,15 @@ void run_layer(const LayerArgs& a) {
     off_opt.tagged.fp8 = false;
     on_opt.fp8_fused_qkv_a = on_opt.fp8_kv_b_proj = a.all_dense;
     on_opt.residual_input = off_opt.residual_input = a.residual;
-    // One seed: both blocks hold the same weights.
+    // One seed: every block holds the same weights.
     MlaBlock off(space, cfg, 2024, off_opt);
-    MlaBlock on(space, cfg, 2024, on_opt);
+    std::vector<std::unique_ptr<MlaBlock>> ons;
+    for (const ScaleMode mode : modes) {
+      MlaOptions o = on_opt;
+      o.tagged.weight_scales = mode;
+      ons.push_back(std::make_unique<MlaBlock>(space, cfg, 2024, o));
+    }
+    MlaBlock& on = *ons.front();
     const MlaMemory mem = on.memory();
     fmt::print("\n== {} TP{} (rank 0: {} local heads; q_b_proj {}x{}, o_proj {}x{}; FP8 copies +{:.1f} MiB over "
                "{:.1f} MiB of bf16 weights; workspace {:.1f} MiB)\n",
@@ -218,10 +230,11 @@ void run_layer(const LayerArgs& a) {
     ActivationWorkspace ws_q(space, round_up(t_max, 4), round_up(cfg.q_in_dim(), 128), true);
     const QuantOps& ops = quant_ops(space);
 
-    fmt::print("\nprefill, C sequences x {} tokens (block time; q_b+o = share of q_b_proj + o_proj stages)\n", L);
-    fmt::print("  {:>4} {:>7} {:>10} {:>10} {:>8} {:>9} {:>9} {:>10} {:>10} {:>10} {:>8} {:>9}  {}\n", "C", "tokens",
-               "off ms", "on ms", "speedup", "q_b+o off", "q_b+o on", "o-quant us", "qa-nq us", "qa-norm us",
-               "quant %", "attn TF/s", "path qkv_a/q_b/kv_b/o");
+    fmt::print("\nprefill, C sequences x {} tokens (block time; q_b+o = share of q_b_proj + o_proj stages; w scl = "
+               "scale format of the flag-on block's FP8 weight copies)\n", L);
+    fmt::print("  {:>4} {:>7} {:>6} {:>10} {:>10} {:>8} {:>9} {:>9} {:>10} {:>10} {:>10} {:>8} {:>9}  {}\n", "C",
+               "tokens", "w scl", "off ms", "on ms", "speedup", "q_b+o off", "q_b+o on", "o-quant us", "qa-nq us",
+               "qa-norm us", "quant %", "attn TF/s", "path qkv_a/q_b/kv_b/o");
     for (int c : seqs) {
       const int64_t T = int64_t{c} * L;
       std::vector<int32_t> offsets(c + 1), start(c), pos(c, L);
@@ -254,9 +267,10 @@ void run_layer(const LayerArgs& a) {
       // Off and on interleaved call by call: the H200's clock settles under its power cap
       // within a fraction of a second of sustained load, and blocks of calls per variant would
       // give the later block another clock.
-      const std::vector<double> pre = time_interleaved(space, {prefill_of(off), prefill_of(on)}, topt);
+      std::vector<std::function<void(StreamHandle)>> runs = {prefill_of(off)};
+      for (auto& b : ons) runs.push_back(prefill_of(*b));
+      const std::vector<double> pre = time_interleaved(space, runs, topt);
       r.off_us = pre[0];
-      r.on_us = pre[1];
       auto staged = [&](MlaBlock& blk) {
         return [&](StreamHandle s, const MlaStageHook& h) {
           if (a.residual)
@@ -265,9 +279,10 @@ void run_layer(const LayerArgs& a) {
             blk.prefill(x.data(), batch, y.data(), s, h);
         };
       };
-      const std::vector<MlaStageTimes> st = profile_stages_interleaved(space, {staged(off), staged(on)}, sopt);
+      std::vector<std::function<void(StreamHandle, const MlaStageHook&)>> staged_runs = {staged(off)};
+      for (auto& b : ons) staged_runs.push_back(staged(*b));
+      const std::vector<MlaStageTimes> st = profile_stages_interleaved(space, staged_runs, sopt);
       r.off_stages = st[0];
-      r.on_stages = st[1];
       r.o_quant_us = time_or_host(
           space, [&](StreamHandle s) { ops.quantize_activation(attn.data(), T, cfg.o_in_dim(), ws_o.fp8(T, cfg.o_in_dim()), s); },
           topt);
@@ -290,16 +305,24 @@ void run_layer(const LayerArgs& a) {
             space, [&](StreamHandle s) { ops.quantize_activation(x.data(), T, cfg.hidden, ws_o.fp8(T, cfg.hidden), s); },
             topt);
       }
-      const double attn_us = r.on_stages.of(MlaStage::attention);
-      r.attn_tflops = attn_us > 0 ? attention_flops(cfg, c, L) / (attn_us * 1e-6) / 1e12 : 0;
-      const double qbo_off = r.off_stages.of(MlaStage::q_proj) + r.off_stages.of(MlaStage::o_proj);
-      const double qbo_on = r.on_stages.of(MlaStage::q_proj) + r.on_stages.of(MlaStage::o_proj);
-      const double quant = r.o_quant_us + r.qa_normquant_us;
-      fmt::print("  {:>4} {:>7} {:>10.3f} {:>10.3f} {:>8.3f} {:>9} {:>9} {:>10.1f} {:>10.1f} {:>10.1f} {:>8} {:>9.0f}  {}/{}/{}/{}\n",
-                 c, T, r.off_us / 1e3, r.on_us / 1e3, r.off_us / r.on_us, pct(qbo_off, r.off_stages.total_us),
-                 pct(qbo_on, r.on_stages.total_us), r.o_quant_us, r.qa_normquant_us, r.qa_norm_us,
-                 pct(quant, r.on_us), r.attn_tflops, r.qkv_path, r.q_path, r.kv_b_path, r.o_path);
-      prows.push_back(std::move(r));
+      for (size_t i = 0; i < ons.size(); ++i) {
+        PrefillRow ri = r;
+        ri.weight_scales = modes[i];
+        ri.on_us = pre[1 + i];
+        ri.on_stages = st[1 + i];
+        const double attn_us = ri.on_stages.of(MlaStage::attention);
+        ri.attn_tflops = attn_us > 0 ? attention_flops(cfg, c, L) / (attn_us * 1e-6) / 1e12 : 0;
+        const double qbo_off = ri.off_stages.of(MlaStage::q_proj) + ri.off_stages.of(MlaStage::o_proj);
+        const double qbo_on = ri.on_stages.of(MlaStage::q_proj) + ri.on_stages.of(MlaStage::o_proj);
+        const double quant = ri.o_quant_us + ri.qa_normquant_us;
+        fmt::print("  {:>4} {:>7} {:>6} {:>10.3f} {:>10.3f} {:>8.3f} {:>9} {:>9} {:>10.1f} {:>10.1f} {:>10.1f} {:>8} "
+                   "{:>9.0f}  {}/{}/{}/{}\n",
+                   c, T, scale_mode_name(ri.weight_scales), ri.off_us / 1e3, ri.on_us / 1e3, ri.off_us / ri.on_us,
+                   pct(qbo_off, ri.off_stages.total_us), pct(qbo_on, ri.on_stages.total_us), ri.o_quant_us,
+                   ri.qa_normquant_us, ri.qa_norm_us, pct(quant, ri.on_us), ri.attn_tflops, ri.qkv_path, ri.q_path,
+                   ri.kv_b_path, ri.o_path);
+        prows.push_back(std::move(ri));
+      }
 
       if (!a.no_decode) {
         DecodeRow d;
@@ -321,36 +344,46 @@ void run_layer(const LayerArgs& a) {
         // step alone: with fused_qkv_a on FP8 the flag-on prefill writes other latents, and
         // policy prefill promises a bf16 decode step, not a bf16 prefill.
         ops.synchronize(nullptr);
-        copy_bytes(on.cache(), space, off.cache(), space,
-                   static_cast<size_t>(base.cache_capacity) * static_cast<size_t>(cfg.cache_width()) * sizeof(bf16));
+        for (auto& b : ons)
+          copy_bytes(b->cache(), space, off.cache(), space,
+                     static_cast<size_t>(base.cache_capacity) * static_cast<size_t>(cfg.cache_width()) * sizeof(bf16));
         const MlaDecodeBatch db{c, d_pos.data<int32_t>(), d_start.data<int32_t>(), L + 1};
-        // Separate outputs: the flag-on step is compared with the flag-off one (the error FP8
+        // Separate outputs: each flag-on step is compared with the flag-off one (the error FP8
         // costs under `all`; bit identity under `prefill`, which must leave decode bf16).
+        std::vector<Tensor> y_on;
+        y_on.push_back(std::move(y_dec));
+        for (size_t i = 1; i < ons.size(); ++i) y_on.push_back(random_bf16(space, c_max, cfg.hidden, 12 + i, 1.0f));
+        std::vector<double> t;
         if (gpu) {
-          MlaDecodeGraph g_off(off, x.data(), db, y.data());
-          MlaDecodeGraph g_on(on, x.data(), db, y_dec.data());
-          const std::vector<double> t = time_interleaved(
-              space, {[&](StreamHandle s) { g_off.replay(s); }, [&](StreamHandle s) { g_on.replay(s); }}, topt);
-          d.off_us = t[0];
-          d.on_us = t[1];
+          std::vector<std::unique_ptr<MlaDecodeGraph>> graphs;
+          graphs.push_back(std::make_unique<MlaDecodeGraph>(off, x.data(), db, y.data()));
+          for (size_t i = 0; i < ons.size(); ++i)
+            graphs.push_back(std::make_unique<MlaDecodeGraph>(*ons[i], x.data(), db, y_on[i].data()));
+          std::vector<std::function<void(StreamHandle)>> replays;
+          for (auto& g : graphs) replays.push_back([gp = g.get()](StreamHandle s) { gp->replay(s); });
+          t = time_interleaved(space, replays, topt);
           d.graph = true;
         } else {
-          const std::vector<double> t =
-              time_interleaved(space,
-                               {[&](StreamHandle) { off.decode(x.data(), db, y.data()); },
-                                [&](StreamHandle) { on.decode(x.data(), db, y_dec.data()); }},
-                               topt);
-          d.off_us = t[0];
-          d.on_us = t[1];
+          std::vector<std::function<void(StreamHandle)>> steps = {[&](StreamHandle) { off.decode(x.data(), db, y.data()); }};
+          for (size_t i = 0; i < ons.size(); ++i)
+            steps.push_back([&, i](StreamHandle) { ons[i]->decode(x.data(), db, y_on[i].data()); });
+          t = time_interleaved(space, steps, topt);
         }
         ops.synchronize(nullptr);
         const size_t count = static_cast<size_t>(c) * static_cast<size_t>(cfg.hidden);
         std::vector<bf16> h_off(count), h_on(count);
         copy_bytes(h_off.data(), MemorySpace::host, y.data(), space, count * sizeof(bf16));
-        copy_bytes(h_on.data(), MemorySpace::host, y_dec.data(), space, count * sizeof(bf16));
-        d.bit_identical = std::memcmp(h_off.data(), h_on.data(), count * sizeof(bf16)) == 0;
-        d.rel_err = compare(h_on.data(), h_off.data(), static_cast<int64_t>(count)).rel_frobenius;
-        drows.push_back(d);
+        d.off_us = t[0];
+        for (size_t i = 0; i < ons.size(); ++i) {
+          DecodeRow di = d;
+          di.weight_scales = modes[i];
+          di.on_us = t[1 + i];
+          copy_bytes(h_on.data(), MemorySpace::host, y_on[i].data(), space, count * sizeof(bf16));
+          di.bit_identical = std::memcmp(h_off.data(), h_on.data(), count * sizeof(bf16)) == 0;
+          di.rel_err = compare(h_on.data(), h_off.data(), static_cast<int64_t>(count)).rel_frobenius;
+          drows.push_back(di);
+        }
+        y_dec = std::move(y_on.front());
       }
     }
 
@@ -358,14 +391,16 @@ void run_layer(const LayerArgs& a) {
     const std::vector<MlaStage> shown = {MlaStage::qkv_a,      MlaStage::q_proj,    MlaStage::kv_norm,
                                          MlaStage::kv_b_proj,  MlaStage::rope_cache, MlaStage::attention,
                                          MlaStage::o_proj};
-    std::string head = fmt::format("  {:>4} {:>4}", "C", "flag");
+    std::string head = fmt::format("  {:>4} {:>10}", "C", "flag");
     for (MlaStage s : shown) head += fmt::format(" {:>10}", to_string(s));
     fmt::print("{} {:>10}\n", head, "total");
     for (const PrefillRow& r : prows) {
       if (r.tp != tp) continue;
       for (int on_flag = 0; on_flag < 2; ++on_flag) {
+        if (!on_flag && r.weight_scales != modes.front()) continue;  // one flag-off line per C
         const MlaStageTimes& st = on_flag ? r.on_stages : r.off_stages;
-        std::string line = fmt::format("  {:>4} {:>4}", r.seqs, on_flag ? "on" : "off");
+        std::string line = fmt::format("  {:>4} {:>10}", r.seqs,
+                                       on_flag ? fmt::format("on {}", scale_mode_name(r.weight_scales)) : "off");
         for (MlaStage s : shown) line += fmt::format(" {:>10.3f}", st.of(s) / 1e3);
         fmt::print("{} {:>10.3f}\n", line, st.total_us / 1e3);
       }
@@ -373,13 +408,13 @@ void run_layer(const LayerArgs& a) {
     if (!a.no_decode) {
       fmt::print("\ndecode step, C sequences at context {} ({}; policy {})\n", L + 1,
                  gpu ? "one CUDA graph replay" : "eager, CPU", a.policy);
-      fmt::print("  {:>4} {:>10} {:>10} {:>8} {:>8} {:>10} {:>9}  {}\n", "C", "off us", "on us", "on/off", "speedup",
-                 "err vs off", "bitwise", "path qkv_a/q_b/o (flag on)");
+      fmt::print("  {:>4} {:>6} {:>10} {:>10} {:>8} {:>8} {:>10} {:>9}  {}\n", "C", "w scl", "off us", "on us",
+                 "on/off", "speedup", "err vs off", "bitwise", "path qkv_a/q_b/o (flag on)");
       for (const DecodeRow& d : drows)
         if (d.tp == tp)
-          fmt::print("  {:>4} {:>10.1f} {:>10.1f} {:>8.3f} {:>8.3f} {:>10.2e} {:>9}  {}/{}/{}\n", d.seqs, d.off_us,
-                     d.on_us, d.on_us / d.off_us, d.off_us / d.on_us, d.rel_err, d.bit_identical ? "equal" : "differs",
-                     d.qkv_path, d.q_path, d.o_path);
+          fmt::print("  {:>4} {:>6} {:>10.1f} {:>10.1f} {:>8.3f} {:>8.3f} {:>10.2e} {:>9}  {}/{}/{}\n", d.seqs,
+                     scale_mode_name(d.weight_scales), d.off_us, d.on_us, d.on_us / d.off_us, d.off_us / d.on_us,
+                     d.rel_err, d.bit_identical ? "equal" : "differs", d.qkv_path, d.q_path, d.o_path);
       for (const DecodeRow& d : drows)
         if (d.tp == tp) fmt::print("{}", d.why_bf16);
     }
@@ -389,20 +424,20 @@ void run_layer(const LayerArgs& a) {
     std::string csv =
         "kind,model,tp,seqs,seqlen,tokens,off_us,on_us,speedup,qb_o_share_off,qb_o_share_on,o_quant_us,"
         "qa_normquant_us,qa_norm_us,attn_tflops,q_path,o_path,fp8_backend,qkv_path,kv_b_path,decode_rel_err,"
-        "decode_bitwise\n";
+        "decode_bitwise,weight_scales\n";
     for (const PrefillRow& r : prows) {
       const double so = r.off_stages.total_us, sn = r.on_stages.total_us;
-      csv += fmt::format("prefill,{},{},{},{},{},{:.3f},{:.3f},{:.4f},{:.4f},{:.4f},{:.3f},{:.3f},{:.3f},{:.1f},{},{},{},{},{},,\n",
+      csv += fmt::format("prefill,{},{},{},{},{},{:.3f},{:.3f},{:.4f},{:.4f},{:.4f},{:.3f},{:.3f},{:.3f},{:.1f},{},{},{},{},{},,,{}\n",
                          r.model, r.tp, r.seqs, r.seqlen, r.tokens, r.off_us, r.on_us, r.off_us / r.on_us,
                          so > 0 ? (r.off_stages.of(MlaStage::q_proj) + r.off_stages.of(MlaStage::o_proj)) / so : 0.0,
                          sn > 0 ? (r.on_stages.of(MlaStage::q_proj) + r.on_stages.of(MlaStage::o_proj)) / sn : 0.0,
                          r.o_quant_us, r.qa_normquant_us, r.qa_norm_us, r.attn_tflops, r.q_path, r.o_path,
-                         r.fp8_backend, r.qkv_path, r.kv_b_path);
+                         r.fp8_backend, r.qkv_path, r.kv_b_path, scale_mode_name(r.weight_scales));
     }
     for (const DecodeRow& d : drows)
-      csv += fmt::format("decode,{},{},{},{},{},{:.3f},{:.3f},{:.4f},,,,,,,{},{},,{},,{:.3e},{}\n", d.model, d.tp, d.seqs,
-                         d.context, d.seqs, d.off_us, d.on_us, d.off_us / d.on_us, d.q_path, d.o_path, d.qkv_path,
-                         d.rel_err, d.bit_identical ? 1 : 0);
+      csv += fmt::format("decode,{},{},{},{},{},{:.3f},{:.3f},{:.4f},,,,,,,{},{},,{},,{:.3e},{},{}\n", d.model, d.tp,
+                         d.seqs, d.context, d.seqs, d.off_us, d.on_us, d.off_us / d.on_us, d.q_path, d.o_path,
+                         d.qkv_path, d.rel_err, d.bit_identical ? 1 : 0, scale_mode_name(d.weight_scales));
     write_text(a.csv, csv);
   }
   if (!a.json.empty()) {
@@ -427,12 +462,14 @@ void run_layer(const LayerArgs& a) {
                               {"stages_on_us", stages_json(r.on_stages)}, {"o_quant_us", r.o_quant_us},
                               {"qa_normquant_us", r.qa_normquant_us}, {"qa_norm_us", r.qa_norm_us},
                               {"attn_tflops", r.attn_tflops}, {"q_path", r.q_path}, {"o_path", r.o_path},
-                              {"fp8_backend", r.fp8_backend}, {"qkv_path", r.qkv_path}, {"kv_b_path", r.kv_b_path}});
+                              {"fp8_backend", r.fp8_backend}, {"qkv_path", r.qkv_path}, {"kv_b_path", r.kv_b_path},
+                              {"weight_scales", scale_mode_name(r.weight_scales)}});
     for (const DecodeRow& d : drows)
       j["decode"].push_back({{"model", d.model}, {"tp", d.tp}, {"seqs", d.seqs}, {"context", d.context},
                              {"off_us", d.off_us}, {"on_us", d.on_us}, {"cuda_graph", d.graph},
                              {"q_path", d.q_path}, {"o_path", d.o_path}, {"qkv_path", d.qkv_path},
-                             {"rel_err_vs_off", d.rel_err}, {"bit_identical", d.bit_identical}});
+                             {"rel_err_vs_off", d.rel_err}, {"bit_identical", d.bit_identical},
+                             {"weight_scales", scale_mode_name(d.weight_scales)}});
     write_text(a.json, j.dump(1) + "\n");
   }
   if (!a.md.empty()) {
@@ -444,22 +481,23 @@ void run_layer(const LayerArgs& a) {
                                  st["cuda_runtime"].get<std::string>(), st["cublaslt"].get<std::string>(),
                                  st["fp8proj"].get<std::string>(), st["time_utc"].get<std::string>(), topt.reps,
                                  topt.flush_l2 ? "yes" : "no");
-    md += "| TP | C x L | off ms | on ms | speedup | q_b+o share off | q_b+o share on | act. quant % of on | attn TF/s |\n";
-    md += "|---|---|---|---|---|---|---|---|---|\n";
+    md += "| TP | C x L | weight scales | off ms | on ms | speedup | q_b+o share off | q_b+o share on | act. quant % of "
+          "on | attn TF/s |\n";
+    md += "|---|---|---|---|---|---|---|---|---|---|\n";
     for (const PrefillRow& r : prows)
-      md += fmt::format("| {} | {} x {} | {:.3f} | {:.3f} | {:.2f} | {} | {} | {} | {:.0f} |\n", r.tp, r.seqs, r.seqlen,
-                        r.off_us / 1e3, r.on_us / 1e3, r.off_us / r.on_us,
+      md += fmt::format("| {} | {} x {} | {} | {:.3f} | {:.3f} | {:.2f} | {} | {} | {} | {:.0f} |\n", r.tp, r.seqs,
+                        r.seqlen, scale_mode_name(r.weight_scales), r.off_us / 1e3, r.on_us / 1e3, r.off_us / r.on_us,
                         pct(r.off_stages.of(MlaStage::q_proj) + r.off_stages.of(MlaStage::o_proj), r.off_stages.total_us),
                         pct(r.on_stages.of(MlaStage::q_proj) + r.on_stages.of(MlaStage::o_proj), r.on_stages.total_us),
                         pct(r.o_quant_us + r.qa_normquant_us, r.on_us), r.attn_tflops);
     if (!drows.empty()) {
-      md += fmt::format("\nDecode step (policy {}):\n\n| TP | C | decode off us | decode on us | speedup | error vs off | "
-                        "bitwise | path qkv_a/q_b/o |\n|---|---|---|---|---|---|---|---|\n",
+      md += fmt::format("\nDecode step (policy {}):\n\n| TP | C | weight scales | decode off us | decode on us | speedup "
+                        "| error vs off | bitwise | path qkv_a/q_b/o |\n|---|---|---|---|---|---|---|---|---|\n",
                         a.policy);
       for (const DecodeRow& d : drows)
-        md += fmt::format("| {} | {} | {:.1f} | {:.1f} | {:.3f} | {:.2e} | {} | {}/{}/{} |\n", d.tp, d.seqs, d.off_us,
-                          d.on_us, d.off_us / d.on_us, d.rel_err, d.bit_identical ? "equal" : "differs", d.qkv_path,
-                          d.q_path, d.o_path);
+        md += fmt::format("| {} | {} | {} | {:.1f} | {:.1f} | {:.3f} | {:.2e} | {} | {}/{}/{} |\n", d.tp, d.seqs,
+                          scale_mode_name(d.weight_scales), d.off_us, d.on_us, d.off_us / d.on_us, d.rel_err,
+                          d.bit_identical ? "equal" : "differs", d.qkv_path, d.q_path, d.o_path);
     }
     write_text(a.md, md);
   }
@@ -493,6 +531,10 @@ void register_layer(CLI::App& app) {
                 "The flag-on block's prefill attention writes o_proj's FP8 input in its epilogue "
                 "(MlaOptions::fuse_attention_quant) instead of the separate 1x128 pass");
   cmd->add_flag("--cpu", args->cpu, "Use the CPU reference even if a GPU is present");
+  cmd->add_option("--weight-scales", args->weight_scales,
+                  "Scale format(s) of the flag-on block's FP8 weight copies: ue8m0, float, or ue8m0,float (one "
+                  "flag-on block per format, all timed in the same interleaved rounds)")
+      ->capture_default_str();
   cmd->add_option("--csv", args->csv, "Write the rows as CSV");
   cmd->add_option("--json", args->json, "Write the rows (with per-stage times) as JSON with the GPU/version stamp");
   cmd->add_option("--md", args->md, "Write a markdown summary");

@@ -29,6 +29,7 @@ struct Case {
 struct VerifyArgs {
   std::vector<std::string> cases;
   uint64_t seed = 7;
+  std::vector<ScaleMode> weight_scales = {ScaleMode::ue8m0};
 };
 
 struct Row {
@@ -43,12 +44,14 @@ struct Row {
 int failures = 0;
 
 void print_row(const Row& r) {
-  fmt::print("  {:<20} {:<28} {:>6} {:>6} {:>6}  {:>10.3e} {:>9.1e} {:>8}  {}\n", r.backend, r.what, r.c.m, r.c.n,
+  fmt::print("  {:<20} {:<30} {:>6} {:>6} {:>6}  {:>10.3e} {:>9.1e} {:>8}  {}\n", r.backend, r.what, r.c.m, r.c.n,
              r.c.k, r.err, r.tol, r.bad, r.pass ? "PASS" : "FAIL");
   if (!r.pass) ++failures;
 }
 
-void verify_case(const Case& c, uint64_t seed) {
+// One problem through every backend; the FP8 ones on a weight quantized with `mode`'s scales (the
+// bf16 ones run once, with the first mode).
+void verify_case(const Case& c, uint64_t seed, ScaleMode mode, bool with_bf16) {
   // Host data: activations N(0, 1), weights N(0, 0.02^2) as in a trained projection.
   std::vector<bf16> x(c.m * c.k), w(c.n * c.k);
   fill_normal(MemorySpace::host, x.data(), c.m * c.k, seed, 1.0f);
@@ -56,7 +59,8 @@ void verify_case(const Case& c, uint64_t seed) {
   HostFp8Activation qx = make_host_fp8_activation(c.m, c.k);
   HostFp8Weight qw = make_host_fp8_weight(c.n, c.k);
   cpu::quantize_activation(x.data(), c.m, c.k, qx.out());
-  cpu::quantize_weight(w.data(), c.n, c.k, qw.out());
+  cpu::quantize_weight(w.data(), c.n, c.k, qw.out(), mode);
+  const std::string tag = fmt::format("fp8[w {}]", scale_mode_name(mode));
   const std::vector<float> xf = cpu::to_float(x.data(), c.m * c.k), wf = cpu::to_float(w.data(), c.n * c.k);
   const std::vector<float> xq = cpu::dequantize(qx.view()), wq = cpu::dequantize(qw.view());
   const std::vector<double> ref_bf16 = cpu::gemm_f64(xf.data(), wf.data(), c.m, c.n, c.k);
@@ -71,6 +75,7 @@ void verify_case(const Case& c, uint64_t seed) {
     GemmPlanOptions po;
     po.max_m = c.m;
     if (be->kind() == GemmKind::bf16) {
+      if (!with_bf16) continue;
       Buffer dx = to_space(sp, x.data(), x.size()), dw = to_space(sp, w.data(), w.size());
       auto plan = be->plan_bf16(dw.data<bf16>(), c.n, c.k, po);
       plan->run(dx.data<bf16>(), c.m, y.data<bf16>(), nullptr);
@@ -87,17 +92,17 @@ void verify_case(const Case& c, uint64_t seed) {
       plan->run({dxv.data<uint8_t>(), dxs.data<float>(), c.m, c.k, qx.scale_ld}, y.data<bf16>(), nullptr);
       const auto out = to_host<bf16>(y, out_count);
       const ErrorStats e = compare(out.data(), ref_q.data(), out_count);
-      print_row({std::string(be->name()), "fp8 vs fp64(dequantized)", c, e.rel_frobenius, kFp8GemmRelTol,
+      print_row({std::string(be->name()), tag + " vs fp64(dequant)", c, e.rel_frobenius, kFp8GemmRelTol,
                  e.non_finite, e.rel_frobenius <= kFp8GemmRelTol && e.non_finite == 0});
       // The quantization's own error, reported rather than judged (about 3.7% on Gaussian data).
       const ErrorStats q = compare(out.data(), ref_bf16.data(), out_count);
-      fmt::print("  {:<20} {:<28} {:>6} {:>6} {:>6}  {:>10.3e}  (quantization error vs bf16 GEMM, reported)\n",
-                 be->name(), "fp8 vs fp64(bf16 operands)", c.m, c.n, c.k, q.rel_frobenius);
+      fmt::print("  {:<20} {:<30} {:>6} {:>6} {:>6}  {:>10.3e}  (quantization error vs bf16 GEMM, reported)\n",
+                 be->name(), tag + " vs fp64(bf16)", c.m, c.n, c.k, q.rel_frobenius);
     }
   }
 }
 
-void verify_device_quantizers(uint64_t seed) {
+void verify_device_quantizers(uint64_t seed, const std::vector<ScaleMode>& modes) {
   if (!gpu_available()) {
     fmt::print("  device quantizers: skipped (no GPU: {})\n", current_device().why_absent);
     return;
@@ -141,13 +146,13 @@ void verify_device_quantizers(uint64_t seed) {
     dev.synchronize(nullptr);
     check("rmsnorm+quant == CPU (bits)", to_host<uint8_t>(v, ref.values.size()) == ref.values);
   }
-  {
+  for (const ScaleMode mode : modes) {
     HostFp8Weight ref = make_host_fp8_weight(n, k);
-    cpu::quantize_weight(w.data(), n, k, ref.out());
+    cpu::quantize_weight(w.data(), n, k, ref.out(), mode);
     Buffer v(MemorySpace::device, ref.values.size()), s(MemorySpace::device, ref.scales.size() * 4);
-    dev.quantize_weight(dw.data<bf16>(), n, k, {v.data<uint8_t>(), s.data<float>(), n, k}, nullptr);
+    dev.quantize_weight(dw.data<bf16>(), n, k, {v.data<uint8_t>(), s.data<float>(), n, k}, mode, nullptr);
     dev.synchronize(nullptr);
-    check("weight quant == CPU (bits)",
+    check(mode == ScaleMode::ue8m0 ? "weight quant == CPU (bits)" : "weight quant [float] == CPU",
           to_host<uint8_t>(v, ref.values.size()) == ref.values && to_host<float>(s, ref.scales.size()) == ref.scales);
   }
 }
@@ -180,10 +185,11 @@ void run_verify(const VerifyArgs& a) {
     for (const std::string& s : list_entries(a.cases, "--case")) cases.push_back(parse_case(s));
   }
   fmt::print("{}\n", space_banner(choose_space(false)));
-  fmt::print("\n  {:<20} {:<28} {:>6} {:>6} {:>6}  {:>10} {:>9} {:>8}\n", "backend", "check", "M", "N", "K",
+  fmt::print("\n  {:<20} {:<30} {:>6} {:>6} {:>6}  {:>10} {:>9} {:>8}\n", "backend", "check", "M", "N", "K",
              "rel error", "tolerance", "bad", "");
-  for (const Case& c : cases) verify_case(c, a.seed);
-  verify_device_quantizers(a.seed);
+  for (const Case& c : cases)
+    for (size_t i = 0; i < a.weight_scales.size(); ++i) verify_case(c, a.seed, a.weight_scales[i], i == 0);
+  verify_device_quantizers(a.seed, a.weight_scales);
   fmt::print("\n{}\n", failures == 0 ? "verify: all checks meet the numerics contract"
                                      : fmt::format("verify: {} check(s) FAILED", failures));
   if (failures) throw Error("verify failed");
@@ -214,7 +220,16 @@ void register_verify(CLI::App& app) {
       ->needs(checkpoint);
   cmd->add_option("--json", ck->json, "With --checkpoint: write the results as JSON")->needs(checkpoint);
   cmd->add_option("--csv", ck->csv, "With --checkpoint: write the results as CSV")->needs(checkpoint);
-  cmd->callback([args, ck] {
+  auto scales = std::make_shared<std::string>("ue8m0");
+  cmd->add_option("--weight-scales", *scales,
+                  "Scale format(s) of the FP8 weight made from bf16: ue8m0, float, or ue8m0,float (with "
+                  "--checkpoint one of them; an FP8 checkpoint's own scales are used as stored)")
+      ->capture_default_str();
+  cmd->callback([args, ck, scales] {
+    args->weight_scales = parse_scale_modes(*scales, "--weight-scales");
+    FP8PROJ_CHECK(ck->checkpoint.empty() || args->weight_scales.size() == 1,
+                  "--weight-scales with --checkpoint takes one format, got '", *scales, "'");
+    ck->weight_scales = args->weight_scales.front();
     if (ck->checkpoint.empty()) {
       run_verify(*args);
       return;

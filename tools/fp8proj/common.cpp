@@ -5,6 +5,8 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <optional>
+#include <sstream>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -13,6 +15,7 @@
 #include "fp8proj/error.hpp"
 #include "fp8proj/mla.hpp"
 #include "fp8proj/numbers.hpp"
+#include "fp8proj/quantize.hpp"
 #include "fp8proj/random.hpp"
 
 namespace fp8proj::cli {
@@ -167,6 +170,21 @@ ProjectionShape parse_shape(const std::string& text) {
   FP8PROJ_CHECK(s.n * s.k <= kMaxCliElements, "--shape ", text, " has ", s.n * s.k, " weight elements, more than the ",
                 kMaxCliElements, " (128 GiB of bf16) the CLI accepts");
   return s;
+}
+
+std::vector<ScaleMode> parse_scale_modes(const std::string& text, const std::string& what) {
+  std::vector<ScaleMode> out;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t comma = text.find(',', start);
+    const std::string item = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    const std::optional<ScaleMode> mode = parse_scale_mode(item);
+    FP8PROJ_CHECK(mode.has_value(), what, ": '", item, "' is not a scale format (ue8m0, float)");
+    if (std::find(out.begin(), out.end(), *mode) == out.end()) out.push_back(*mode);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
 }
 
 MemorySpace choose_space(bool force_cpu) {

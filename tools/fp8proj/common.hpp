@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fp8proj/device.hpp"
+#include "fp8proj/formats.hpp"
 #include "fp8proj/memory.hpp"
 #include "fp8proj/models.hpp"
 #include "fp8proj/numbers.hpp"
@@ -75,6 +76,9 @@ std::vector<ProjectionShape> parse_shapes(const std::vector<std::string>& values
 // dropped.
 std::vector<int> parse_int_list(const std::string& text, const std::string& what = "--tp", int64_t lo = 1,
                                 int64_t hi = kMaxCliTp);
+
+// "ue8m0", "float" or "ue8m0,float" -> the scale formats in that order, no repeats (formats.hpp).
+std::vector<ScaleMode> parse_scale_modes(const std::string& text, const std::string& what = "--weight-scales");
 
 // Where the work runs: the GPU when present (and not --cpu), else the CPU reference.
 MemorySpace choose_space(bool force_cpu);

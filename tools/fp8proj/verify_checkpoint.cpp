@@ -6,8 +6,12 @@
 // config; bf16/f16/f32, or FP8 with weight_scale_inv, sharded or not). Per projection:
 //   - eligible: fp8_eligible (gemm.hpp: K a multiple of 128, N of 16; a partial last 128-row block);
 //   - tagged: on the gated FP8 path in fp8proj's MLA block (q_b_proj or q_proj, and o_proj);
-//   - FP8 copy: the bytes the private e4m3 copy and its scales add next to the bf16 weight;
-//   - weight error: ||dequant(quant(W)) - W|| / ||W|| (W as the block uses it, bf16);
+//   - weights: a bf16 projection is quantized into the private FP8 copy (--weight-scales, UE8M0 by
+//     default), whose bytes are reported; an FP8 projection (e4m3 + weight_scale_inv) is used as
+//     stored -- no copy, no re-quantization, the way fp8proj runs FP8 checkpoints (Python:
+//     fp8proj.fp8_linear) -- and its activations take fp32 amax/448 scales, as there;
+//   - weight error: ||dequant(quant(W)) - W|| / ||W|| for a copy (W as the block uses it, bf16);
+//     none for a stored FP8 weight, which is the model's weight;
 //   - GEMM error on random activations of the model's scale: x = N(0, 1) times the RMSNorm
 //     weight that feeds the projection (input_layernorm for q_a / kv_a, q_a_layernorm for q_b,
 //     kv_a_layernorm for kv_b); o_proj's input is attention output, a convex mix of v, so
@@ -15,7 +19,11 @@
 //     backend of this machine (the CPU reference; the GPU's where present) against the fp64
 //     product of the bf16 operands (what FP8 costs) and of its dequantized operands (whether
 //     the kernel is right: that one is judged, with kFp8GemmRelTol), beside the bf16 GEMM's own
-//     error (the floor).
+//     error (the floor). For a stored FP8 weight "the bf16 operands" are the activations and the
+//     dequantized weight (what dequantize=True computes with), so the first error is the
+//     activation quantization's alone and the second the kernel's alone.
+//   - the Frobenius norm of the dequantized weight the GEMM ran (gemm_weight_norm in the JSON),
+//     so that a test can tell the stored operand from a re-quantized one.
 #include "verify_checkpoint.hpp"
 
 #include <algorithm>
@@ -147,26 +155,30 @@ struct Result {
   std::string proj, dtype, why_ineligible;
   int64_t n, k;
   bool eligible, tagged;
-  size_t bf16_bytes, fp8_bytes;
-  std::optional<double> weight_err, act_err;
+  bool stored_fp8 = false;  // the checkpoint's e4m3 + weight_scale_inv, used as stored
+  std::string scale_dtype = "";  // of a stored weight_scale_inv: F32 or F8_E8M0
+  size_t bf16_bytes = 0, fp8_bytes = 0;
+  double gemm_weight_norm = 0;  // ||dequant(the FP8 weight the GEMM ran)||_F
+  std::optional<double> weight_err = std::nullopt, act_err = std::nullopt;
   double act_scale = 0;
-  std::vector<GemmRow> gemm;
+  std::vector<GemmRow> gemm = {};
 };
 
 size_t fp8_copy_bytes(int64_t n, int64_t k) {
   return static_cast<size_t>(n * k) + static_cast<size_t>(ceil_div(n, 128) * ceil_div(k, 128)) * sizeof(float);
 }
 
-// The GEMM errors of one projection on activations x [m, k] (already bf16-representable).
-std::vector<GemmRow> gemm_errors(const std::vector<bf16>& w, int64_t n, int64_t k, const std::vector<float>& xf,
-                                 int64_t m) {
+// The GEMM errors of one projection on activations x [m, k] (already bf16-representable): the
+// FP8 GEMM on x quantized with `act_mode` and the FP8 weight qw, against the fp64 products of
+// x . wf^T (wf: the weight as the model holds it, bf16 or the stored FP8 dequantized) and of the
+// dequantized operands; w: the bf16 weight of the bf16 path (the floor).
+std::vector<GemmRow> gemm_errors(const std::vector<bf16>& w, const HostFp8Weight& qw, const std::vector<float>& wf,
+                                 const std::vector<float>& xf, int64_t m, ScaleMode act_mode) {
+  const int64_t n = qw.n, k = qw.k;
   std::vector<bf16> x(xf.size());
   for (size_t i = 0; i < xf.size(); ++i) x[i] = float_to_bf16(xf[i]);
   HostFp8Activation qx = make_host_fp8_activation(m, k);
-  HostFp8Weight qw = make_host_fp8_weight(n, k);
-  cpu::quantize_activation(x.data(), m, k, qx.out());
-  cpu::quantize_weight(w.data(), n, k, qw.out());
-  const std::vector<float> wf = cpu::to_float(w.data(), n * k);
+  cpu::quantize_activation(x.data(), m, k, qx.out(), act_mode);
   const std::vector<float> xq = cpu::dequantize(qx.view()), wq = cpu::dequantize(qw.view());
   const std::vector<double> exact = cpu::gemm_f64(xf.data(), wf.data(), m, n, k);
   const std::vector<double> exact_q = cpu::gemm_f64(xq.data(), wq.data(), m, n, k);
@@ -273,38 +285,59 @@ void run_verify_checkpoint(const VerifyCheckpointArgs& a) {
       const Projection& p = projs[pi];
       const std::string name(mla_module_name(p.tensor));
       const bool is_o = p.tensor == MlaTensor::o_proj;
-      const HostBf16Weight w = to_bf16(*p.weight);
+      const HostFp8Weight* stored = std::get_if<HostFp8Weight>(p.weight);
+      const HostBf16Weight w = to_bf16(*p.weight);  // the bf16 path's weight (dequantize=True for FP8)
       Result r{layer, name, std::string(dtype_name(ck.info(mla_tensor_name(layer, p.tensor)).dtype)), "", w.n, w.k,
-               false, p.tagged, static_cast<size_t>(w.n * w.k) * sizeof(bf16), 0, std::nullopt, std::nullopt, 0, {}};
+               false, p.tagged};
+      r.stored_fp8 = stored != nullptr;
+      if (stored)
+        r.scale_dtype = std::string(dtype_name(ck.info(mla_tensor_name(layer, p.tensor) + "_scale_inv").dtype));
+      r.bf16_bytes = static_cast<size_t>(w.n * w.k) * sizeof(bf16);
       r.eligible = fp8_eligible(w.n, w.k);
       if (!r.eligible) r.why_ineligible = fp8_block_shape_reason(w.n, w.k);
-      r.fp8_bytes = fp8_copy_bytes(w.n, w.k);
+      r.fp8_bytes = r.stored_fp8 ? 0 : fp8_copy_bytes(w.n, w.k);  // a stored FP8 weight needs no copy
+      // Activations: UE8M0 groups beside a private copy (the layer's path), fp32 amax/448 beside a
+      // stored FP8 weight (the FP8-checkpoint path).
+      const ScaleMode act_mode = r.stored_fp8 ? ScaleMode::fp32 : ScaleMode::ue8m0;
       if (w.k % 128 == 0) {  // the 1x128 activation groups need K % 128 == 0; any N quantizes
-        HostFp8Weight q = make_host_fp8_weight(w.n, w.k);
-        cpu::quantize_weight(w.values.data(), w.n, w.k, q.out());
-        const std::vector<float> wq = cpu::dequantize(q.view()), wf = cpu::to_float(w.values.data(), w.n * w.k);
-        r.weight_err = rel_frobenius(wq.data(), wf.data(), wf.size());
+        HostFp8Weight q;
+        std::vector<float> wf;
+        if (stored) {
+          q = *stored;
+          wf = cpu::dequantize(q.view());
+        } else {
+          q = make_host_fp8_weight(w.n, w.k);
+          cpu::quantize_weight(w.values.data(), w.n, w.k, q.out(), a.weight_scales);
+          wf = cpu::to_float(w.values.data(), w.n * w.k);
+          const std::vector<float> wq = cpu::dequantize(q.view());
+          r.weight_err = rel_frobenius(wq.data(), wf.data(), wf.size());
+        }
+        {
+          const std::vector<float> wq = stored ? wf : cpu::dequantize(q.view());
+          double ss = 0;
+          for (float v : wq) ss += double(v) * v;
+          r.gemm_weight_norm = std::sqrt(ss);
+        }
 
         r.act_scale = is_o ? v_rms : 1.0f;
         const std::vector<bf16> none;
         const std::vector<float> x = rounded(normal_activations(
             a.m, w.k, a.seed + 17 * layer + pi, p.gamma ? *p.gamma : none, r.act_scale));
         HostFp8Activation qx = make_host_fp8_activation(a.m, w.k);
-        cpu::quantize_activation(x.data(), a.m, w.k, qx.out());
+        cpu::quantize_activation(x.data(), a.m, w.k, qx.out(), act_mode);
         const std::vector<float> xq = cpu::dequantize(qx.view());
         r.act_err = rel_frobenius(xq.data(), x.data(), x.size());
-        r.gemm = gemm_errors(w.values, w.n, w.k, x, a.m);
+        r.gemm = gemm_errors(w.values, q, wf, x, a.m, act_mode);
       }
       for (const GemmRow& g : r.gemm)
         if (!g.pass) ++failures;
 
       const std::string w_err = r.weight_err ? fmt::format("{:.3e}", *r.weight_err) : "-";
       const std::string x_err = r.act_err ? fmt::format("{:.3e}", *r.act_err) : "-";
+      const std::string copy = !r.eligible ? "-" : r.stored_fp8 ? "as stored" : human_bytes(double(r.fp8_bytes));
       const std::string head = fmt::format("{:>5} {:<19} {:>6} {:>6} {:<7} {:<9} {:<6} {:>10} {:>9} {:>9} {:>8.3g}",
                                            layer, name, w.n, w.k, r.dtype, r.eligible ? "yes" : "no",
-                                           r.tagged ? "yes" : "no",
-                                           r.eligible ? human_bytes(double(r.fp8_bytes)) : "-", w_err, x_err,
-                                           r.act_scale);
+                                           r.tagged ? "yes" : "no", copy, w_err, x_err, r.act_scale);
       if (r.gemm.empty()) {
         fmt::print("{}  {}\n", head,
                    r.eligible ? "no FP8 backend here" : "not eligible (" + r.why_ineligible + ")");
@@ -324,10 +357,11 @@ void run_verify_checkpoint(const VerifyCheckpointArgs& a) {
 
   // Totals: the memory of the FP8 copies next to the bf16 weights of the attention projections.
   size_t bf16_all = 0, tagged_fp8 = 0, eligible_fp8 = 0;
-  int n_tagged = 0, n_eligible = 0, n_all = 0;
+  int n_tagged = 0, n_eligible = 0, n_all = 0, n_stored = 0;
   for (const Result& r : results) {
     bf16_all += r.bf16_bytes;
     ++n_all;
+    n_stored += r.stored_fp8;
     if (r.eligible) {
       eligible_fp8 += r.fp8_bytes;
       ++n_eligible;
@@ -348,16 +382,27 @@ void run_verify_checkpoint(const VerifyCheckpointArgs& a) {
              "against the fp64 product of the bf16 operands; vs dequant: against the fp64 product of the "
              "dequantized operands (tolerance {:.1e}); bf16 GEMM: the bf16 path's own error (the floor)\n",
              kFp8GemmRelTol);
+  if (n_stored > 0)
+    fmt::print("{} projection{} stored as FP8 (e4m3 + weight_scale_inv): used as stored, no copy and no "
+               "re-quantization (no W error), activations quantized with fp32 amax/448 scales as fp8proj runs FP8 "
+               "checkpoints; their 'vs dequant' column is the kernel's error alone, their 'FP8 GEMM' column the "
+               "activation quantization's alone (against the dequantized weight), 'bf16 GEMM' the bf16 path on the "
+               "dequantized weight (dequantize=True)\n",
+               n_stored, n_stored == 1 ? "" : "s");
 
   if (!a.json.empty() || !a.csv.empty()) {
     json rows = json::array();
     std::ostringstream csv;
     csv << "layer,projection,n,k,dtype,eligible,tagged,fp8_copy_bytes,weight_rel_err,act_rel_err,act_scale,backend,"
-           "fp8_gemm_rel_err,fp8_vs_dequant_rel_err,bf16_gemm_rel_err\n";
+           "fp8_gemm_rel_err,fp8_vs_dequant_rel_err,bf16_gemm_rel_err,weight_source\n";
     for (const Result& r : results) {
       json jr = {{"layer", r.layer}, {"projection", r.proj}, {"n", r.n}, {"k", r.k}, {"dtype", r.dtype},
                  {"eligible", r.eligible}, {"tagged", r.tagged}, {"fp8_copy_bytes", r.fp8_bytes},
-                 {"bf16_bytes", r.bf16_bytes}, {"act_scale", r.act_scale}};
+                 {"bf16_bytes", r.bf16_bytes}, {"act_scale", r.act_scale},
+                 {"weight_source", r.stored_fp8 ? "fp8_checkpoint" : "bf16_quantized"},
+                 {"weight_scales", r.stored_fp8 ? "stored " + r.scale_dtype : scale_mode_name(a.weight_scales)},
+                 {"activation_scales", scale_mode_name(r.stored_fp8 ? ScaleMode::fp32 : ScaleMode::ue8m0)},
+                 {"gemm_weight_norm", r.gemm_weight_norm}};
       if (r.weight_err) jr["weight_rel_err"] = *r.weight_err;
       if (r.act_err) jr["act_rel_err"] = *r.act_err;
       if (!r.eligible) jr["why_ineligible"] = r.why_ineligible;
@@ -372,13 +417,15 @@ void run_verify_checkpoint(const VerifyCheckpointArgs& a) {
                                            r.eligible ? 1 : 0, r.tagged ? 1 : 0, r.fp8_bytes,
                                            r.weight_err ? fmt::format("{:.6e}", *r.weight_err) : "",
                                            r.act_err ? fmt::format("{:.6e}", *r.act_err) : "", r.act_scale);
-      if (r.gemm.empty()) csv << base << ",,,,\n";
+      const char* source = r.stored_fp8 ? "fp8_checkpoint" : "bf16_quantized";
+      if (r.gemm.empty()) csv << base << ",,,,," << source << "\n";
       for (const GemmRow& x : r.gemm)
-        csv << base << fmt::format(",{},{:.6e},{:.6e},{:.6e}\n", x.backend, x.fp8_vs_exact, x.fp8_vs_dequant,
-                                   x.bf16_vs_exact);
+        csv << base << fmt::format(",{},{:.6e},{:.6e},{:.6e},{}\n", x.backend, x.fp8_vs_exact, x.fp8_vs_dequant,
+                                   x.bf16_vs_exact, source);
     }
     if (!a.json.empty()) {
       json j = {{"stamp", result_stamp()}, {"checkpoint", a.checkpoint}, {"m", a.m}, {"seed", a.seed},
+                {"weight_scales", scale_mode_name(a.weight_scales)},
                 {"dims", {{"hidden", d.hidden}, {"heads", d.heads}, {"q_lora_rank", d.q_lora_rank},
                           {"kv_lora_rank", d.kv_lora_rank}, {"qk_nope", d.qk_nope}, {"qk_rope", d.qk_rope},
                           {"v_head", d.v_head}, {"layers", cfg.layers}}},

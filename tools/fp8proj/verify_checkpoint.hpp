@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <string>
 
+#include "fp8proj/formats.hpp"
+
 namespace fp8proj::cli {
 
 struct VerifyCheckpointArgs {
@@ -14,6 +16,7 @@ struct VerifyCheckpointArgs {
   int64_t m = 256;         // activation rows of the GEMM check
   uint64_t seed = 7;
   std::string json, csv;   // result files; empty: none
+  ScaleMode weight_scales = ScaleMode::ue8m0;  // the FP8 copy made from a bf16 projection
 };
 
 void run_verify_checkpoint(const VerifyCheckpointArgs& args);

@@ -15,6 +15,16 @@ read from the attention's forward source: DeepSeek-V3 writes q_b_proj(q_a_layern
 In DeepSeek-V3.2 and GLM-5 (DSA) the indexer also reads that output (q_resid), so there q_b_proj
 is patched unfused and the norm stays as it was.
 
+FP8 checkpoints (DeepSeek-V3/R1, Kimi-K2, GLM-5-FP8; or a bf16 model quantized on load with
+FineGrainedFP8Config) load their projections as transformers' FP8Linear. Those targets are run
+by fp8proj on the module's own e4m3 weight and weight_scale_inv, as they are
+(fp8proj.fp8_linear.Fp8CheckpointLinear: no bf16 copy, no hub kernel, activations quantized with
+fp32 amax/448 scales); the target "fp8_linear" (ALL_FP8_LINEARS) takes every other FP8Linear of
+the model too (the dense MLPs, shared experts). FP8 modules left on transformers' path (MoE
+experts, other block sizes, static activation scales, a target not asked for) are listed in
+report.left with the reason. A model whose FP8Linears cannot run (no `kernels` package, offline)
+runs after patch().
+
 Parameters are shared, not copied: the patched model's state_dict has the same keys and the
 same tensors, and unpatch restores the very modules that were there.
 """
@@ -29,15 +39,19 @@ import torch
 from torch import nn
 
 from .. import _lib
+from ..fp8_linear import Fp8CheckpointLinear, fp8_linear_class, fp8_linear_skip_reason, is_fp8_checkpoint_module
 from ..torch import Fp8ProjLinear, Fp8ProjRMSNormLinear, Workspace
 
-__all__ = ["patch", "unpatch", "PatchReport", "find_mla_attention"]
+__all__ = ["patch", "unpatch", "PatchReport", "find_mla_attention", "DEFAULT_TARGETS", "ALL_TARGETS",
+           "ALL_FP8_LINEARS"]
 
 MLA_ATTRIBUTES = ("q_a_proj", "q_a_layernorm", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj")
 # What patch() replaces by default (q_a_layernorm fused into q_b_proj where the forward allows),
 # and every dense projection of the attention (q_proj where there is no q LoRA).
 DEFAULT_TARGETS = ("q_b_proj", "o_proj")
 ALL_TARGETS = ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj", "q_proj")
+# "fp8_linear": every FP8Linear of the model, inside the attention or not (FP8 checkpoints only).
+ALL_FP8_LINEARS = ALL_TARGETS + ("fp8_linear",)
 _ORIGINALS = "_fp8proj_originals"
 _FUSED_CALL = re.compile(r"self\.q_b_proj\(\s*self\.q_a_layernorm\(\s*self\.q_a_proj\(")
 
@@ -48,12 +62,24 @@ class PatchReport:
     skipped: List[Tuple[str, str]] = field(default_factory=list)      # (module name, why not)
     fused: List[str] = field(default_factory=list)                    # q_b_proj names with the norm fused in
     note: str = ""                                                    # e.g. why everything runs bf16 here
+    # FP8 checkpoint modules (transformers' fine-grained FP8 layers):
+    fp8: List[str] = field(default_factory=list)                     # patched FP8Linears (also in `patched`)
+    left: List[Tuple[str, str]] = field(default_factory=list)         # left on transformers' path, and why
+    fp8_weight_bytes: int = 0   # e4m3 weights + scales of the patched FP8Linears, used as they are
+    fp8_extra_bytes: int = 0    # what running them adds: fp32 copies of UE8M0 scales, GEMM plan workspaces
 
     def __str__(self) -> str:
-        lines = [f"fp8proj patch: {len(self.patched)} modules patched ({len(self.fused)} with the norm fused), "
-                 f"{len(self.skipped)} skipped"]
-        lines += [f"  patched {n}" + (" (q_a_layernorm fused)" if n in self.fused else "") for n in self.patched]
+        lines = [f"fp8proj patch: {len(self.patched)} modules patched ({len(self.fused)} with the norm fused, "
+                 f"{len(self.fp8)} FP8 checkpoint layers), {len(self.skipped)} skipped"]
+        lines += [f"  patched {n}" + (" (q_a_layernorm fused)" if n in self.fused else "") +
+                  (" (FP8 checkpoint layer, its own e4m3 weight and scales)" if n in self.fp8 else "")
+                  for n in self.patched]
         lines += [f"  skipped {n}: {why}" for n, why in self.skipped]
+        if self.fp8:
+            lines.append(f"  FP8 checkpoint layers: {self.fp8_weight_bytes} bytes of e4m3 weights and scales used as "
+                         f"they are (no copy); {self.fp8_extra_bytes} bytes added (fp32 copies of UE8M0 scales, GEMM "
+                         "plan workspaces)")
+        lines += [f"  left on transformers' path {n}: {why}" for n, why in self.left]
         if self.note:
             lines.append(f"  note: {self.note}")
         return "\n".join(lines)
@@ -100,10 +126,33 @@ def _norm_is_plain_rmsnorm(norm: nn.Module) -> Tuple[bool, str]:
     return True, ""
 
 
+def _is_fp8_linear(lin: Optional[nn.Module]) -> bool:
+    cls = fp8_linear_class()
+    return cls is not None and isinstance(lin, cls)
+
+
+def _fp8_unavailable_here() -> str:
+    """Why FP8Linears should stay on transformers' path on this machine, or "". fp8proj takes
+    them wherever its kernel runs, and also wherever transformers' own cannot (no `kernels`
+    package, offline: the model would not run at all); it leaves them where fp8proj cannot run
+    and transformers' hub kernels can (another GPU with `kernels` installed)."""
+    ok, why = _lib.device_status()
+    if ok:
+        return ""
+    try:
+        from transformers.utils.import_utils import is_kernels_available
+        kernels = is_kernels_available()
+    except Exception:  # noqa: BLE001
+        kernels = False
+    if kernels and torch.cuda.is_available():
+        return f"fp8proj's FP8 GEMM cannot run here ({why}) and transformers' hub kernels can"
+    return ""
+
+
 def _linear_skip_reason(lin: Optional[nn.Module]) -> str:
     if lin is None:
         return "absent"
-    if isinstance(lin, (Fp8ProjLinear, Fp8ProjRMSNormLinear)):
+    if isinstance(lin, (Fp8ProjLinear, Fp8ProjRMSNormLinear, Fp8CheckpointLinear)):
         return "already patched"
     if type(lin) is not nn.Linear:
         return f"a {type(lin).__name__}, not an nn.Linear (quantized or parallel layers are left alone)"
@@ -112,36 +161,53 @@ def _linear_skip_reason(lin: Optional[nn.Module]) -> str:
 
 def patch(model: nn.Module, *, enabled: Optional[bool] = True, policy: str = "prefill",
           targets: Sequence[str] = DEFAULT_TARGETS, fuse_norm: bool = True, share_workspace: bool = True,
-          **layer_opts) -> PatchReport:
+          scales: Optional[str] = None, **layer_opts) -> PatchReport:
     """Replace `targets` of every MLA attention module of `model` in place (see the module doc).
-    layer_opts: threshold, decode_ceiling, max_tokens, fp8_backend (as for Fp8ProjLinear). The
-    FP8PROJ_* knobs override enabled/policy/threshold as in C++. Patch again after moving the
-    model to another device only if it was patched on the CPU: modules rebuild their FP8 copies
-    on .to()/.cuda() themselves."""
+    scales: the scale format of the FP8 copies made from bf16 weights, "ue8m0" (None: the
+    default) or "float" (fp32 amax/448). layer_opts: threshold, decode_ceiling, max_tokens,
+    fp8_backend (as for Fp8ProjLinear). The FP8PROJ_* knobs override enabled/policy/threshold/
+    scales as in C++. Patch again after moving the model to another device only if it was
+    patched on the CPU: modules rebuild their FP8 copies on .to()/.cuda() themselves."""
     if isinstance(targets, str):
         raise TypeError(f"fp8proj: targets must be a sequence of names (e.g. ALL_TARGETS), got the string {targets!r}")
-    unknown = set(targets) - set(ALL_TARGETS)
+    unknown = set(targets) - set(ALL_FP8_LINEARS)
     if unknown:
         raise ValueError(f"fp8proj: unknown targets {sorted(unknown)}")
+    if scales is not None and scales not in ("ue8m0", "float"):
+        raise ValueError(f"fp8proj: scales must be 'ue8m0' or 'float', got {scales!r}")
     report = PatchReport()
-    originals: List[Tuple[nn.Module, str, nn.Module]] = getattr(model, _ORIGINALS, [])
+    originals: List[Tuple[nn.Module, str, nn.Module]] = model.__dict__.get(_ORIGINALS, [])
     attns = find_mla_attention(model)
+    fp8_here = _fp8_unavailable_here()
+    fp8_plan: Dict[str, Tuple[nn.Module, str, nn.Module]] = {}  # full name -> (parent, attribute, FP8Linear)
+    ok, why = _lib.device_status()
     if not attns:
         report.note = "no module with the MLA attention layout (" + ", ".join(MLA_ATTRIBUTES) + ")"
-        return report
-    ok, why = _lib.device_status()
-    if not ok:
+    elif not ok:
         report.note = f"modules run bf16 (torch's matmul on the original weights): {why}"
 
     # One workspace per kind for the whole model (calls on one stream run one after another):
     # without it every layer would hold max_tokens x K bytes of its own.
     spaces: Dict[bool, Optional[Workspace]] = {False: None, True: None}
-    opts = dict(enabled=enabled, policy=policy, **layer_opts)
+    opts = dict(enabled=enabled, policy=policy, scales=scales, **layer_opts)
     plan = []  # (attn name, attn, target, fused?)
     for aname, attn in attns:
         for t in targets:
+            if t == "fp8_linear":
+                continue
             full = f"{aname}.{t}" if aname else t
             lin = getattr(attn, t, None)
+            if _is_fp8_linear(lin):
+                why_not = fp8_here or fp8_linear_skip_reason(lin)
+                if why_not:
+                    report.left.append((full, why_not))
+                else:
+                    fp8_plan[full] = (attn, t, lin)
+                    if t == "q_b_proj" and fuse_norm:
+                        report.skipped.append((f"{aname}.q_a_layernorm", "not fused into q_b_proj: q_b_proj is an FP8 "
+                                               "checkpoint layer, whose input takes fp32 scales (the fused "
+                                               "norm + quantize kernel writes UE8M0)"))
+                continue
             why_not = _linear_skip_reason(lin)
             if why_not:
                 if t != "q_proj" or lin is not None:
@@ -169,6 +235,25 @@ def patch(model: nn.Module, *, enabled: Optional[bool] = True, policy: str = "pr
         else:
             pass  # CPU weights: each module makes its own when the model moves to the GPU
 
+    # Every other FP8 module of the model: taken under "fp8_linear", else listed with the reason.
+    seen = set(fp8_plan) | {n for n, _ in report.left}
+    for name, mod in model.named_modules():
+        if name in seen or not is_fp8_checkpoint_module(mod) or not name:
+            continue
+        if any(name.startswith(p + ".") for p in fp8_plan):
+            continue
+        parent_name, _, attr = name.rpartition(".")
+        why_not = fp8_linear_skip_reason(mod)
+        if not why_not and "fp8_linear" not in targets:
+            in_attn = any(parent_name == a for a, _ in attns)
+            why_not = (f"not a target ({attr} of an MLA attention; targets={tuple(targets)})" if in_attn else
+                       "not a target (outside the MLA attention; targets ALL_FP8_LINEARS take it)")
+        why_not = why_not or fp8_here
+        if why_not:
+            report.left.append((name, why_not))
+        else:
+            fp8_plan[name] = (model.get_submodule(parent_name) if parent_name else model, attr, mod)
+
     for aname, attn, t, fused, full in plan:
         lin = getattr(attn, t)
         if fused:
@@ -182,6 +267,24 @@ def patch(model: nn.Module, *, enabled: Optional[bool] = True, policy: str = "pr
         originals.append((attn, t, lin))
         setattr(attn, t, mod)
         report.patched.append(full)
+
+    for full, (parent, attr, lin) in fp8_plan.items():
+        mod = Fp8CheckpointLinear(lin, name=full)
+        originals.append((parent, attr, lin))
+        setattr(parent, attr, mod)
+        report.patched.append(full)
+        report.fp8.append(full)
+    for full in report.fp8:
+        # Each GEMM plan made now, outside any CUDA graph capture (a no-op off the GPU path).
+        mod = model.get_submodule(full)
+        mod.prepare(int(layer_opts.get("max_tokens") or 8192))
+        mem = mod.memory()
+        report.fp8_weight_bytes += mem["fp8_weight"] + mem["scales"]
+        report.fp8_extra_bytes += mem["extra"]
+    if report.fp8 and not any(model.get_submodule(n).uses_fp8_kernel for n in report.fp8):
+        note = (f"FP8 checkpoint layers run fp8proj's numerics in torch (each call dequantizes its weight): "
+                f"{Fp8CheckpointLinear.__name__}s need fp8proj's CUDA library on a Hopper GPU ({why})")
+        report.note = f"{report.note}; {note}" if report.note else note
     model.__dict__[_ORIGINALS] = originals
     return report
 
@@ -191,7 +294,7 @@ def unpatch(model: nn.Module) -> int:
     originals = model.__dict__.pop(_ORIGINALS, [])
     for attn, attr, orig in reversed(originals):
         cur = getattr(attn, attr, None)
-        if isinstance(cur, (Fp8ProjLinear, Fp8ProjRMSNormLinear)):
-            cur.__dict__.get("_proj") and cur._proj.close()
+        if isinstance(cur, (Fp8ProjLinear, Fp8ProjRMSNormLinear)) and cur.__dict__.get("_proj") is not None:
+            cur._proj.close()
         setattr(attn, attr, orig)
     return len(originals)

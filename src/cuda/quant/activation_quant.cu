@@ -1,6 +1,8 @@
-// Activation quantization, 1x128 groups: bf16 x[M, K] -> e4m3 q[M, K] + fp32 UE8M0 scales.
-// Bit-identical to cpu::quantize_activation (src/quant/quantize_cpu.cpp); the per-group math
-// lives in fp8_group_quant.cuh.
+// Activation quantization, 1x128 groups: bf16 x[M, K] -> e4m3 q[M, K] + fp32 scales, UE8M0
+// powers of two or fp32 amax/448 (ScaleMode::fp32: what an FP8 checkpoint's linear layers quantize
+// their inputs with in SGLang, vLLM and transformers' Triton path; formats.hpp). Bit-identical to
+// cpu::quantize_activation (src/quant/quantize_cpu.cpp); the per-group math lives in
+// fp8_group_quant.cuh.
 //
 // Layouts (shape : stride, elements):
 //   x  [M, K] : [K, 1]            bf16, K a multiple of 128
@@ -46,6 +48,7 @@ constexpr int kLanesPerGroup = kScaleBlock / kValuesPerLane;  // 8
 static_assert(kTileRows % kWarps == 0, "every warp handles the same number of rows");
 static_assert(kGroupsPerTile * kTileRows <= kThreads, "one thread per scale in the transposed write");
 
+template <ScaleMode kMode>
 __global__ void __launch_bounds__(kThreads)
     activation_quant_kernel(const bf16* __restrict__ x, int64_t m, int64_t k, uint8_t* __restrict__ q,
                             float* __restrict__ scales, int64_t ld) {
@@ -77,7 +80,7 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t row = row0 + r;
     if (row >= m) break;  // warp-uniform, and rows only grow with i
     uint32_t codes[kWordsPerLane / 2];
-    const float s = quantize_group<kLanesPerGroup>(w[i], kActAmaxEps, codes);
+    const float s = quantize_group<kLanesPerGroup, kMode>(w[i], kActAmaxEps, codes);
     if (col_ok) *reinterpret_cast<uint4*>(q + row * k + col) = make_uint4(codes[0], codes[1], codes[2], codes[3]);
     if (lane % kLanesPerGroup == 0) tile_scales[lane / kLanesPerGroup][r] = s;
   }
@@ -94,10 +97,14 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
-void launch_activation_quant(const bf16* x, int64_t m, int64_t k, const Fp8ActivationOut& out, cudaStream_t stream) {
+void launch_activation_quant(const bf16* x, int64_t m, int64_t k, const Fp8ActivationOut& out, ScaleMode mode,
+                             cudaStream_t stream) {
   if (m == 0) return;
   const dim3 grid(static_cast<unsigned>(ceil_div(k, kTileCols)), static_cast<unsigned>(ceil_div(m, kTileRows)));
-  activation_quant_kernel<<<grid, kThreads, 0, stream>>>(x, m, k, out.values, out.scales, out.scale_ld);
+  if (mode == ScaleMode::ue8m0)
+    activation_quant_kernel<ScaleMode::ue8m0><<<grid, kThreads, 0, stream>>>(x, m, k, out.values, out.scales, out.scale_ld);
+  else
+    activation_quant_kernel<ScaleMode::fp32><<<grid, kThreads, 0, stream>>>(x, m, k, out.values, out.scales, out.scale_ld);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -47,14 +47,17 @@ class DeviceQuantOps final : public QuantOps {
  public:
   MemorySpace space() const override { return MemorySpace::device; }
 
-  void quantize_activation(const bf16* x, int64_t m, int64_t k, Fp8ActivationOut out,
+  using QuantOps::quantize_activation;  // the overloads without a mode stay callable here too
+  using QuantOps::quantize_weight;
+
+  void quantize_activation(const bf16* x, int64_t m, int64_t k, Fp8ActivationOut out, ScaleMode mode,
                            StreamHandle stream) const override {
     check_activation_args(x, m, k, out);
     if (m == 0) return;
     check_rows(m);
     check_aligned(x, "activation input");
     check_activation_out(out);
-    gpu::launch_activation_quant(x, m, k, out, as_cuda(stream));
+    gpu::launch_activation_quant(x, m, k, out, mode, as_cuda(stream));
   }
 
   void rmsnorm(const bf16* x, int64_t x_stride, const bf16* weight, float eps, int64_t m, int64_t k, bf16* y,
@@ -84,13 +87,14 @@ class DeviceQuantOps final : public QuantOps {
     gpu::launch_rmsnorm_quant(x, x_stride, weight, eps, m, k, out, as_cuda(stream));
   }
 
-  void quantize_weight(const bf16* w, int64_t n, int64_t k, Fp8WeightOut out, StreamHandle stream) const override {
+  void quantize_weight(const bf16* w, int64_t n, int64_t k, Fp8WeightOut out, ScaleMode mode,
+                       StreamHandle stream) const override {
     check_weight_args(w, n, k, out);
     check_aligned(w, "weight");
     check_aligned(out.values, "FP8 weight values");
     FP8PROJ_CHECK(reinterpret_cast<uintptr_t>(out.scales) % alignof(float) == 0, "FP8 weight scales are misaligned");
     FP8PROJ_CHECK(ceil_div(n, kScaleBlock) <= 65535, "weight has too many 128-row blocks (N=", n, ")");
-    gpu::launch_weight_quant(w, n, k, out, as_cuda(stream));
+    gpu::launch_weight_quant(w, n, k, out, mode, as_cuda(stream));
   }
 
   void synchronize(StreamHandle stream) const override { CUDA_CHECK(cudaStreamSynchronize(as_cuda(stream))); }

@@ -8,12 +8,13 @@
 #include <cstdint>
 
 #include "fp8proj/bf16.hpp"
+#include "fp8proj/formats.hpp"
 #include "fp8proj/tensor.hpp"
 
 namespace fp8proj::gpu {
 
-// x[m, k] -> out (1x128 groups, UE8M0 scales, eps kActAmaxEps). k % 128 == 0.
-void launch_activation_quant(const bf16* x, int64_t m, int64_t k, const Fp8ActivationOut& out,
+// x[m, k] -> out (1x128 groups, scales in `mode`'s format, eps kActAmaxEps). k % 128 == 0.
+void launch_activation_quant(const bf16* x, int64_t m, int64_t k, const Fp8ActivationOut& out, ScaleMode mode,
                              cudaStream_t stream);
 
 // y = bf16((x * r) * w) with the reduction order of cpu::rmsnorm. k % 8 == 0; row r of x at
@@ -27,8 +28,8 @@ void launch_rmsnorm_quant(const bf16* x, int64_t x_stride, const bf16* w, float 
 // The fused kernel stages a CTA's scales (K/128 x 8 rows) in shared memory: 16 KB at this K.
 inline constexpr int64_t kMaxRmsnormQuantK = 65536;
 
-// w[n, k] -> out (128x128 blocks, eps kWeightAmaxEps), any n, k.
-void launch_weight_quant(const bf16* w, int64_t n, int64_t k, const Fp8WeightOut& out,
+// w[n, k] -> out (128x128 blocks, scales in `mode`'s format, eps kWeightAmaxEps), any n, k.
+void launch_weight_quant(const bf16* w, int64_t n, int64_t k, const Fp8WeightOut& out, ScaleMode mode,
                          cudaStream_t stream);
 
 // Largest M the activation kernels accept: grid.y of the activation kernel is M / 32 and

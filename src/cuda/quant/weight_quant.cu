@@ -1,5 +1,6 @@
-// Weight quantization at load time, 128x128 blocks: bf16 w[N, K] -> e4m3 q[N, K] + fp32 UE8M0
-// scales, eps kWeightAmaxEps (1e-4, DeepSeek's / SGLang's ceil_to_ue8m0). Bit-identical to
+// Weight quantization at load time, 128x128 blocks: bf16 w[N, K] -> e4m3 q[N, K] + fp32 scales,
+// UE8M0 powers of two (DeepSeek's / SGLang's ceil_to_ue8m0) or fp32 amax/448 (ScaleMode::fp32,
+// "float"; formats.hpp), eps kWeightAmaxEps (1e-4) either way. Bit-identical to
 // cpu::quantize_weight (src/quant/quantize_cpu.cpp), partial edge blocks (N or K not a multiple
 // of 128: the block's own amax over its valid elements) and non-finite blocks (NaN scale, all
 // codes 0x7f) included.
@@ -46,7 +47,7 @@ __device__ __forceinline__ uint32_t block_max(uint32_t v, uint32_t* warp_max) {
   return v;
 }
 
-template <bool kVector>
+template <bool kVector, ScaleMode kMode>
 __global__ void __launch_bounds__(kThreads)
     weight_quant_kernel(const bf16* __restrict__ w, int64_t n, int64_t k, uint8_t* __restrict__ q,
                         float* __restrict__ scales) {
@@ -68,13 +69,13 @@ __global__ void __launch_bounds__(kThreads)
       v[j][0] = a.x, v[j][1] = a.y, v[j][2] = a.z, v[j][3] = a.w;
       amax = max(amax, abs_max_bits(v[j]));
     }
-    s = group_scale(block_max(amax, warp_max), kWeightAmaxEps);
+    s = group_scale<kMode>(block_max(amax, warp_max), kWeightAmaxEps);
 #pragma unroll
     for (int j = 0; j < kChunksPerThread; ++j) {
       const int64_t rr = threadIdx.x / kChunksPerRow + kRowsPerPass * j;
       if (rr >= rows || cc >= cols) continue;
       uint32_t codes[2];
-      encode_e4m3(v[j], s, codes);
+      encode_e4m3<kMode>(v[j], s, codes);
       *reinterpret_cast<uint2*>(q + (r0 + rr) * k + c0 + cc) = make_uint2(codes[0], codes[1]);
     }
   } else {
@@ -83,27 +84,34 @@ __global__ void __launch_bounds__(kThreads)
       const int64_t rr = e / kScaleBlock, cc = e % kScaleBlock;
       if (rr < rows && cc < cols) amax = max(amax, static_cast<uint32_t>(w[(r0 + rr) * k + c0 + cc].bits & 0x7fffu));
     }
-    s = group_scale(block_max(amax, warp_max), kWeightAmaxEps);
+    s = group_scale<kMode>(block_max(amax, warp_max), kWeightAmaxEps);
     for (int e = threadIdx.x; e < kBlockValues; e += kThreads) {
       const int64_t rr = e / kScaleBlock, cc = e % kScaleBlock;
       if (rr >= rows || cc >= cols) continue;
       const int64_t i = (r0 + rr) * k + c0 + cc;
-      q[i] = s.finite ? e4m3_code(bf16_to_float(w[i]) * s.inv) : kE4m3NaN;
+      q[i] = s.finite ? e4m3_code(scale_value<kMode>(bf16_to_float(w[i]), s)) : kE4m3NaN;
     }
   }
   if (threadIdx.x == 0) scales[int64_t{blockIdx.y} * gridDim.x + blockIdx.x] = s.scale;
 }
 
-}  // namespace
-
-void launch_weight_quant(const bf16* w, int64_t n, int64_t k, const Fp8WeightOut& out, cudaStream_t stream) {
+template <ScaleMode kMode>
+void launch_weight_quant_mode(const bf16* w, int64_t n, int64_t k, const Fp8WeightOut& out, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(ceil_div(k, kScaleBlock)), static_cast<unsigned>(ceil_div(n, kScaleBlock)));
   if (k % kChunk == 0) {
-    weight_quant_kernel<true><<<grid, kThreads, 0, stream>>>(w, n, k, out.values, out.scales);
+    weight_quant_kernel<true, kMode><<<grid, kThreads, 0, stream>>>(w, n, k, out.values, out.scales);
   } else {
-    weight_quant_kernel<false><<<grid, kThreads, 0, stream>>>(w, n, k, out.values, out.scales);
+    weight_quant_kernel<false, kMode><<<grid, kThreads, 0, stream>>>(w, n, k, out.values, out.scales);
   }
   CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void launch_weight_quant(const bf16* w, int64_t n, int64_t k, const Fp8WeightOut& out, ScaleMode mode,
+                         cudaStream_t stream) {
+  if (mode == ScaleMode::ue8m0) launch_weight_quant_mode<ScaleMode::ue8m0>(w, n, k, out, stream);
+  else launch_weight_quant_mode<ScaleMode::fp32>(w, n, k, out, stream);
 }
 
 }  // namespace fp8proj::gpu

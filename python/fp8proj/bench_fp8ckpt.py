@@ -1,0 +1,592 @@
+"""FP8 checkpoints as users load them, on a Hopper GPU (python -m fp8proj.bench --parts fp8ckpt).
+
+For each model (GLM-5 and DeepSeek-V3 attention dimensions, `--layers` dense layers, random
+weights): the bf16 model is written as an FP8 checkpoint in DeepSeek-V3's own layout (every
+linear layer but lm_head as F8_E4M3 with an F32 weight_scale_inv = block amax / 448 per 128x128
+block, config.json's quantization_config {"quant_method": "fp8", "weight_block_size": [128, 128],
+"activation_scheme": "dynamic"}), then loaded with transformers twice, as a user would:
+
+  bf16      from_pretrained(..., quantization_config=FineGrainedFP8Config(dequantize=True)): what
+            works offline today, bf16 weights (twice the memory), bf16 speed;
+  fp8proj   from_pretrained(...) (FP8Linear modules), then fp8proj's patch(targets=ALL_FP8_LINEARS):
+            the checkpoint's e4m3 weights and scales as they are;
+  deepgemm  the same FP8 model with each FP8Linear run the way transformers' forward runs it when it
+            can fetch DeepGEMM (transformers.integrations.deepgemm: DeepGEMM's
+            per_token_cast_to_fp8, then deep_gemm.fp8_gemm_nt on the same weight and scales),
+            where `deep_gemm` is importable (else skipped, and the reason is written down).
+
+Measured, the variants interleaved call by call (after a GPU-side delay that lets the host queue a
+whole round, so device time is what is timed):
+  projections  every distinct FP8 linear of layer 0 alone at M = C x 1024 (prefill, C in --chunks)
+               and M = C (decode, C in --decode), L2 flushed before each call; each variant's output
+               against the fp32 product of its own dequantized operands (the kernel's tolerance,
+               2e-3 relative Frobenius), fp8proj's also against DeepGEMM's;
+  model        the whole model's prefill of C x 1024 tokens; the decode step (one token for C
+               sequences at context 1024, static cache) replayed as a CUDA graph where capture
+               works, else eager (said in the row);
+  memory       the weights each variant holds (bytes of its parameters) and what fp8proj adds.
+
+Writes fp8ckpt_proj.csv, fp8ckpt_model.csv and the fp8ckpt section of results.json / results.md.
+"""
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+BF16, E4M3, F32 = torch.bfloat16, torch.float8_e4m3fn, torch.float32
+QUANT_CONFIG = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                "weight_block_size": [128, 128], "modules_to_not_convert": ["lm_head"]}
+
+
+# ---- the checkpoint ---------------------------------------------------------------------------------
+
+def quantize_checkpoint_weight(w: torch.Tensor):
+    """(e4m3 [N, K], fp32 weight_scale_inv [ceil(N/128), ceil(K/128)]) in DeepSeek-V3's layout: per
+    128x128 block (the last ones partial) scale = amax / 448, codes = e4m3(w / scale)."""
+    n, k = w.shape
+    rb, cb = -(-n // 128), -(-k // 128)
+    wp = torch.zeros(rb * 128, cb * 128, dtype=F32, device=w.device)
+    wp[:n, :k] = w.float()
+    blocks = wp.view(rb, 128, cb, 128)
+    a = blocks.abs().amax(dim=(1, 3)).clamp_min(1e-12)
+    s = a / torch.full_like(a, 448.0)
+    q = (blocks / s[:, None, :, None]).clamp(-448.0, 448.0).to(E4M3).view(rb * 128, cb * 128)[:n, :k]
+    return q.contiguous(), s.contiguous()
+
+
+def write_fp8_checkpoint(cfg, path: Path, device="cuda", seed: int = 0) -> dict:
+    """A random-init DeepseekV3 of `cfg` written to `path` as an FP8 checkpoint (see the module
+    doc). Returns {"tensors": count, "bytes": file bytes}."""
+    import transformers
+    from safetensors.torch import save_file
+
+    path.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = transformers.DeepseekV3ForCausalLM(cfg).to(dtype=BF16).eval()
+    tensors = {}
+    for name, t in model.state_dict().items():
+        module = name.rsplit(".", 1)[0]
+        if name.endswith(".weight") and t.dim() == 2 and module != "lm_head" and "embed_tokens" not in module:
+            q, s = quantize_checkpoint_weight(t)
+            tensors[name] = q.cpu()
+            tensors[module + ".weight_scale_inv"] = s.cpu()
+        else:
+            tensors[name] = t.detach().cpu().contiguous()
+    del model
+    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+    cfg_dict = cfg.to_dict()
+    cfg_dict["quantization_config"] = dict(QUANT_CONFIG)
+    cfg_dict["torch_dtype"] = "bfloat16"
+    cfg_dict["architectures"] = ["DeepseekV3ForCausalLM"]
+    (path / "config.json").write_text(json.dumps(cfg_dict, indent=2))
+    return {"tensors": len(tensors), "bytes": (path / "model.safetensors").stat().st_size}
+
+
+def _fp8_model_by_hand(path: Path, device="cuda"):
+    """The FP8 model as transformers' quantizer builds it (replace_with_fp8_linear, pre-quantized),
+    its tensors loaded from the file: for where from_pretrained cannot (no `accelerate`)."""
+    import transformers
+    from safetensors.torch import load_file
+    from transformers import FineGrainedFP8Config
+    from transformers.integrations.finegrained_fp8 import FP8Linear, replace_with_fp8_linear
+
+    cfg = transformers.AutoConfig.from_pretrained(path)
+    with torch.device(device):
+        model = transformers.DeepseekV3ForCausalLM(cfg).to(dtype=BF16).eval()
+    q = FineGrainedFP8Config(weight_block_size=[128, 128], modules_to_not_convert=["lm_head"])
+    replace_with_fp8_linear(model, modules_to_not_convert=["lm_head"], quantization_config=q, pre_quantized=True)
+    for m in model.modules():
+        if isinstance(m, FP8Linear):
+            m.to_empty(device=device)
+    model.load_state_dict(load_file(str(path / "model.safetensors"), device=device), strict=True)
+    return model
+
+
+def _dequantized_copy(fp8, device="cuda"):
+    """A bf16 model holding codes x scales of every FP8Linear of `fp8` (128x128 blocks, the last
+    ones partial), what dequantize=True is meant to give."""
+    import transformers
+    from transformers.integrations.finegrained_fp8 import FP8Linear
+
+    from .fp8_linear import dequantize_weight
+
+    cfg = transformers.DeepseekV3Config.from_dict({k: v for k, v in fp8.config.to_dict().items()
+                                                   if k != "quantization_config"})
+    with torch.device(device):
+        bf16 = transformers.DeepseekV3ForCausalLM(cfg).to(dtype=BF16).eval()
+    sd = {}
+    for name, m in fp8.named_modules():
+        if isinstance(m, FP8Linear):
+            sd[name + ".weight"] = dequantize_weight(m.weight, m.weight_scale_inv).to(BF16)
+    sd.update({k: v for k, v in fp8.state_dict().items() if k not in sd and not k.endswith("weight_scale_inv")})
+    bf16.load_state_dict(sd, strict=True)
+    return bf16
+
+
+def load_models(path: Path):
+    """(bf16 model, FP8 model with FP8Linear modules, notes), as a user loads them: from_pretrained,
+    and from_pretrained with FineGrainedFP8Config(dequantize=True). Where either does not work here
+    the notes say why and what stands in: the FP8 model built the way transformers' quantizer builds
+    it, or the bf16 model dequantized correctly. transformers' Fp8Dequantize takes the block size
+    from the scale grid (rows / scale rows), which is wrong for a partial last block (192 rows, 2
+    scale rows: 96-row blocks) and raises for 576 rows (kv_a_proj_with_mqa of GLM-5 / DeepSeek-V3:
+    "not divisible by scale grid (5, ...)")."""
+    from transformers import AutoModelForCausalLM, FineGrainedFP8Config
+    from transformers.integrations.finegrained_fp8 import FP8Linear
+
+    from .fp8_linear import dequantize_weight
+
+    notes = {}
+    try:
+        fp8 = AutoModelForCausalLM.from_pretrained(path, device_map="cuda", dtype=BF16).eval()
+        notes["fp8"] = "from_pretrained"
+    except ImportError as e:
+        fp8 = _fp8_model_by_hand(path)
+        notes["fp8"] = f"from_pretrained failed ({e}); built as transformers' quantizer builds it"
+    try:
+        bf16 = AutoModelForCausalLM.from_pretrained(path, device_map="cuda", dtype=BF16,
+                                                    quantization_config=FineGrainedFP8Config(dequantize=True)).eval()
+        wrong = [n for n, m in fp8.named_modules() if isinstance(m, FP8Linear) and not torch.equal(
+            bf16.get_submodule(n).weight, dequantize_weight(m.weight, m.weight_scale_inv).to(BF16))]
+        notes["bf16"] = "from_pretrained(dequantize=True)"
+        if wrong:
+            del bf16
+            bf16 = _dequantized_copy(fp8)
+            notes["bf16"] = (f"dequantize=True gave other values than codes x scales for {len(wrong)} weights "
+                             f"(e.g. {wrong[0]}); the checkpoint dequantized by fp8proj.fp8_linear.dequantize_weight")
+    except (ValueError, ImportError, RuntimeError) as e:
+        bf16 = _dequantized_copy(fp8)
+        notes["bf16"] = (f"from_pretrained(dequantize=True) failed ({type(e).__name__}: {str(e)[:200]}); the "
+                         "checkpoint dequantized by fp8proj.fp8_linear.dequantize_weight instead")
+    torch.cuda.empty_cache()
+    return bf16, fp8, notes
+
+
+def param_bytes(model: nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+# ---- DeepGEMM through the module interface -------------------------------------------------------
+
+def deepgemm_status():
+    """(module, "") where `deep_gemm` imports, else (None, why)."""
+    try:
+        import deep_gemm
+    except Exception as e:  # noqa: BLE001 - the reason goes into the results
+        return None, f"deep_gemm is not importable here ({type(e).__name__}: {e})"
+    if not hasattr(deep_gemm, "fp8_gemm_nt"):
+        return None, "this deep_gemm has no fp8_gemm_nt"
+    return deep_gemm, ""
+
+
+def _per_token_cast(deep_gemm):
+    """DeepGEMM's own per_token_cast_to_fp8 (the one transformers' DeepGEMM path calls) with
+    transformers' SM90 arguments (use_ue8m0=False, gran_k=128); where this build lacks it, the
+    same rule in torch: amax clamped at 1e-4, scale amax / 448, codes e4m3(x * (1 / scale))."""
+    fn = None
+    for mod in ("deep_gemm.utils", "deep_gemm.utils.math"):
+        try:
+            fn = getattr(__import__(mod, fromlist=["per_token_cast_to_fp8"]), "per_token_cast_to_fp8")
+            break
+        except (ImportError, AttributeError):
+            continue
+    if fn is not None:
+        kw = {"use_ue8m0": False}
+        if "gran_k" in inspect.signature(fn).parameters:
+            kw["gran_k"] = 128
+        return lambda x: fn(x, **kw), "deep_gemm.utils.per_token_cast_to_fp8"
+
+    def cast(x):
+        m, k = x.shape
+        v = x.view(m, k // 128, 128)
+        sf = v.abs().float().amax(dim=2).clamp(1e-4) / 448.0
+        return (v * (1.0 / sf.unsqueeze(2))).to(E4M3).view(m, k), sf
+    return cast, "torch (DeepGEMM's per_token_cast_to_fp8 rule)"
+
+
+class DeepGemmLinear(nn.Module):
+    """An FP8Linear run as transformers.integrations.deepgemm.deepgemm_fp8_fp4_linear runs it on
+    SM90: per_token_cast_to_fp8(x) (fp32 scales [M, K/128], DeepGEMM lays them out itself), then
+    deep_gemm.fp8_gemm_nt((x, sx), (weight, weight_scale_inv), out), plus the bias."""
+
+    def __init__(self, source: nn.Module, deep_gemm, cast):
+        super().__init__()
+        self.__dict__["source"] = source
+        self.weight, self.bias = source.weight, source.bias
+        s = source.weight_scale_inv
+        self.register_buffer("scale", s.detach().float() if s.dtype != F32 else s.detach(), persistent=False)
+        self.dg, self.cast = deep_gemm, cast
+        self.n = source.weight.shape[0]
+
+    def forward(self, x):
+        x2 = x.reshape(-1, x.shape[-1])
+        xq, xs = self.cast(x2)
+        out = torch.empty(x2.shape[0], self.n, device=x.device, dtype=x.dtype)
+        self.dg.fp8_gemm_nt((xq, xs), (self.weight, self.scale), out)
+        if self.bias is not None:
+            out.add_(self.bias)
+        return out.view(*x.shape[:-1], self.n)
+
+
+# ---- timing ----------------------------------------------------------------------------------------
+
+class Flush:
+    """Writes twice the L2 before a timed call: the weight comes from HBM, as in a model where other
+    layers' weights pass through the cache between two calls of one layer."""
+
+    def __init__(self):
+        props = torch.cuda.get_device_properties(0)
+        self.buf = torch.empty(2 * max(props.L2_cache_size, 50 << 20), dtype=torch.uint8, device="cuda")
+
+    def __call__(self):
+        self.buf.fill_(1)
+
+
+def time_rounds(fns, reps: int, warmup: int, flush=None, delay_us: float = 0.0):
+    """Median device ms of each fn, interleaved call by call (A B C A B C ...): clock and power drift
+    hit every variant alike. delay_us of GPU sleep before each round lets the host queue the round
+    ahead, so host overhead is not what is timed."""
+    per = [[] for _ in fns]
+    for r in range(warmup + reps):
+        if delay_us:
+            torch.cuda._sleep(int(delay_us * 1.5e3))  # ~1.5 GHz: cycles per us
+        evs = []
+        for fn in fns:
+            if flush:
+                flush()
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            evs.append((a, b))
+        torch.cuda.synchronize()
+        if r >= warmup:
+            for i, (a, b) in enumerate(evs):
+                per[i].append(a.elapsed_time(b))
+    return [statistics.median(p) for p in per]
+
+
+def _rel(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def _dequant_w(w, s):
+    n, k = w.shape
+    s = s.float()
+    return w.float() * s.repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k]
+
+
+def _dequant_x_ours(x):
+    from fp8proj import ops
+    xv, xs = ops.quantize_activation(x, "float")
+    m = x.shape[0]
+    return xv.float() * xs[:, :m].t().repeat_interleave(128, dim=1)
+
+
+def _dequant_x_deepgemm(x, cast):
+    xq, xs = cast(x)
+    return xq.float() * xs.float().repeat_interleave(128, dim=1)[:, :x.shape[1]]
+
+
+# ---- the benchmark ----------------------------------------------------------------------------------
+
+@torch.no_grad()
+def bench_model(name, cfg, ckpt: Path, chunks, decode, reps, warmup, log=print, dg_prewarm: int = 0):
+    import transformers
+    from fp8proj.fp8_linear import Fp8CheckpointLinear
+    from fp8proj.integrations.transformers import ALL_FP8_LINEARS, patch
+
+    t0 = time.time()
+    if not (ckpt / "model.safetensors").exists():
+        info = write_fp8_checkpoint(cfg, ckpt)
+        log(f"[fp8ckpt] {name}: wrote {ckpt} ({info['tensors']} tensors, {info['bytes'] / 1e9:.2f} GB) "
+            f"in {time.time() - t0:.0f} s")
+    bf16, fp8, load_notes = load_models(ckpt)
+    log(f"[fp8ckpt] {name}: loaded: {load_notes}")
+    FP8Linear = transformers.integrations.finegrained_fp8.FP8Linear
+    fp8_names = [n for n, m in fp8.named_modules() if isinstance(m, FP8Linear)]
+    bytes_bf16, bytes_fp8 = param_bytes(bf16), param_bytes(fp8)
+    log(f"[fp8ckpt] {name}: loaded in {time.time() - t0:.0f} s; {len(fp8_names)} FP8Linear modules; weights "
+        f"bf16 {bytes_bf16 / 1e9:.3f} GB, FP8 {bytes_fp8 / 1e9:.3f} GB")
+
+    # The three variants of the FP8 model, by swapping its modules in place.
+    originals = {n: fp8.get_submodule(n) for n in fp8_names}
+    max_tokens = max(chunks) * 1024
+    report = patch(fp8, targets=ALL_FP8_LINEARS, max_tokens=max_tokens)
+    log(str(report))
+    ours = {n: fp8.get_submodule(n) for n in fp8_names}
+    assert all(isinstance(m, Fp8CheckpointLinear) and m.uses_fp8_kernel for m in ours.values()), report
+    dg_mod, dg_why = deepgemm_status()
+    dg, cast_name = {}, ""
+    if dg_mod is not None and dg_prewarm > 0:
+        prewarm_deepgemm(cfg, chunks, decode, dg_prewarm, log)
+    if dg_mod is not None:
+        cast, cast_name = _per_token_cast(dg_mod)
+        dg = {n: DeepGemmLinear(originals[n], dg_mod, cast) for n in fp8_names}
+    else:
+        log(f"[fp8ckpt] DeepGEMM skipped: {dg_why}")
+
+    def use(mods):
+        for n, m in mods.items():
+            parent, _, attr = n.rpartition(".")
+            setattr(fp8.get_submodule(parent), attr, m)
+
+    variants = [("bf16", None), ("fp8proj", ours)] + ([("deepgemm", dg)] if dg else [])
+    flush = Flush()
+    proj_rows, model_rows = [], []
+
+    # -- every distinct FP8 linear of layer 0, alone --------------------------------------------------
+    layer0 = [n for n in fp8_names if ".layers.0." in n]
+    for n in layer0:
+        lin_bf16 = bf16.get_submodule(n)
+        mo, md = ours[n], dg.get(n)
+        short = n.split(".layers.0.")[1]
+        nn_, kk = mo.out_features, mo.in_features
+        w_ref = _dequant_w(mo.weight, mo._scales())
+        for kind, ms in (("prefill", [c * 1024 for c in chunks]), ("decode", list(decode))):
+            for m in ms:
+                x = torch.randn(m, kk, dtype=BF16, device="cuda")
+                use_dg, dg_err = md, ""
+                if md is not None:
+                    try:
+                        md(x)  # the first call: DeepGEMM's JIT compiles this problem's kernel
+                    except Exception as e:  # noqa: BLE001 - a shape DeepGEMM declines is a result
+                        use_dg, dg_err = None, f"{type(e).__name__}: {str(e)[:160]}"
+                fns = [lambda: lin_bf16(x), lambda: mo(x)] + ([lambda: use_dg(x)] if use_dg is not None else [])
+                outs = [f() for f in fns]  # also the first calls: plans
+                torch.cuda.synchronize()
+                md_here = use_dg
+                # Errors over the first 4096 rows (activations are quantized per row: a subset is exact).
+                r_ = min(m, 4096)
+                err_ours = _rel(outs[1][:r_], _dequant_x_ours(x[:r_]) @ w_ref.t())
+                err_dg = _rel(outs[2][:r_], _dequant_x_deepgemm(x[:r_], cast) @ w_ref.t()) if md_here else None
+                ours_vs_dg = _rel(outs[1][:r_], outs[2][:r_]) if md_here is not None else None
+                del outs
+                t = time_rounds(fns, reps, warmup, flush, delay_us=200 + 0.05 * m)
+                row = dict(model=name, projection=short, n=nn_, k=kk, kind=kind, m=m, bf16_us=round(t[0] * 1e3, 2),
+                           fp8proj_us=round(t[1] * 1e3, 2), speedup_vs_bf16=round(t[0] / t[1], 4),
+                           deepgemm_us=round(t[2] * 1e3, 2) if md_here is not None else None,
+                           speedup_vs_deepgemm=round(t[2] / t[1], 4) if md_here is not None else None,
+                           deepgemm_error=dg_err,
+                           fp8proj_err_vs_dequant=float(f"{err_ours:.3e}"),
+                           deepgemm_err_vs_dequant=None if err_dg is None else float(f"{err_dg:.3e}"),
+                           fp8proj_vs_deepgemm=None if ours_vs_dg is None else float(f"{ours_vs_dg:.3e}"),
+                           within_tolerance=err_ours <= 2e-3, explain=mo.explain(m))
+                proj_rows.append(row)
+                log(f"[fp8ckpt] {name} {short} {nn_}x{kk} {kind} M={m}: bf16 {row['bf16_us']:.1f} us, fp8proj "
+                    f"{row['fp8proj_us']:.1f} us ({row['speedup_vs_bf16']:.3f}x)" +
+                    (f", deepgemm {row['deepgemm_us']:.1f} us ({row['speedup_vs_deepgemm']:.3f}x)" if md_here else
+                     f", deepgemm: {dg_err}" if dg_err else "") +
+                    f"; err {err_ours:.2e}")
+                del x
+        torch.cuda.empty_cache()
+
+    # -- the whole model: prefill ------------------------------------------------------------------------
+    def forward_of(label, mods):
+        def run(ids, **kw):
+            if mods is None:
+                return bf16(input_ids=ids, use_cache=False, **kw).logits
+            use(mods)
+            return fp8(input_ids=ids, use_cache=False, **kw).logits
+        return run
+
+    runs = {label: forward_of(label, mods) for label, mods in variants}
+    for c in chunks:
+        ids = torch.randint(0, cfg.vocab_size, (c, 1024), device="cuda")
+        logits = {label: run(ids)[:, ::16].float() for label, run in runs.items()}  # every 16th position
+        errs = {label: _rel(v, logits["bf16"]) for label, v in logits.items() if label != "bf16"}
+        del logits
+        t = time_rounds([lambda r=r: r(ids) for r in runs.values()], reps, warmup)
+        row = dict(model=name, kind="prefill", seqs=c, tokens=c * 1024, cuda_graph=False,
+                   **{f"{label}_ms": round(v, 3) for label, v in zip(runs, t)},
+                   fp8proj_speedup_vs_bf16=round(t[0] / t[1], 4),
+                   deepgemm_ms_over_fp8proj=round(t[2] / t[1], 4) if len(t) > 2 else None,
+                   **{f"{label}_logits_rel_err_vs_bf16": float(f"{e:.3e}") for label, e in errs.items()})
+        model_rows.append(row)
+        log(f"[fp8ckpt] {name} prefill C={c}: " + ", ".join(f"{k} {v:.2f} ms" for k, v in zip(runs, t)) +
+            f"; fp8proj {t[0] / t[1]:.3f}x bf16")
+        del ids
+        torch.cuda.empty_cache()
+
+    # -- the whole model: a decode step at context 1024 ----------------------------------------------------
+    for c in decode:
+        step_rows = decode_step(name, cfg, bf16, fp8, variants, use, c, reps, warmup, log)
+        model_rows.extend(step_rows)
+        torch.cuda.empty_cache()
+
+    use(originals)  # the FP8 model as loaded, for whoever holds it
+    memory = dict(model=name, bf16_weight_bytes=bytes_bf16, fp8_weight_bytes=bytes_fp8,
+                  fp8_over_bf16=round(bytes_fp8 / bytes_bf16, 4), fp8proj_extra_bytes=report.fp8_extra_bytes,
+                  fp8_linears=len(fp8_names), fp8proj_taken=len(report.fp8), left=report.left,
+                  deepgemm=dg_why or f"deep_gemm {getattr(dg_mod, '__version__', '?')}, activations by {cast_name}",
+                  loading=load_notes)
+    del bf16, fp8, ours, dg, originals
+    torch.cuda.empty_cache()
+    return proj_rows, model_rows, memory
+
+
+def decode_step(name, cfg, bf16, fp8, variants, use, c, reps, warmup, log):
+    """One decode step for c sequences at context 1024 (static cache, filled by a prefill), per
+    variant, replayed as a CUDA graph where capture works (else eager); interleaved."""
+    from transformers import StaticCache
+
+    L = 1024
+    steps, notes = [], {}
+    caches = {}
+    for label, mods in variants:
+        model = bf16 if mods is None else fp8
+        if mods is not None:
+            use(mods)
+        key = "bf16" if mods is None else "fp8"
+        if key not in caches:  # one cache per model: the FP8 variants write the same slots
+            cache = StaticCache(config=model.config, max_cache_len=L + 8)
+            ids = torch.randint(0, cfg.vocab_size, (c, L), device="cuda")
+            model(input_ids=ids, past_key_values=cache, cache_position=torch.arange(L, device="cuda"), use_cache=True)
+            caches[key] = cache
+        cache = caches[key]
+        tok = torch.randint(0, cfg.vocab_size, (c, 1), device="cuda")
+        pos = torch.tensor([L], device="cuda")
+
+        def step(model=model, cache=cache, tok=tok, pos=pos, mods=mods):
+            if mods is not None:
+                use(mods)
+            return model(input_ids=tok, past_key_values=cache, cache_position=pos, use_cache=True).logits
+
+        graph, why = None, ""
+        try:
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                for _ in range(3):
+                    step()
+            torch.cuda.current_stream().wait_stream(s)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                out = step()
+            graph = (g, out)
+        except Exception as e:  # noqa: BLE001 - eager then, and the reason goes into the row
+            why = f"{type(e).__name__}: {str(e)[:200]}"
+            torch.cuda.synchronize()
+        if graph:
+            steps.append(lambda g=graph[0]: g.replay())
+        else:
+            steps.append(step)
+        notes[label] = why
+    t = time_rounds(steps, reps, warmup, delay_us=500)
+    labels = [label for label, _ in variants]
+    graphs = all(not notes[label] for label in labels)
+    row = dict(model=name, kind="decode", seqs=c, tokens=c, context=L + 1, cuda_graph=graphs,
+               **{f"{label}_ms": round(v, 4) for label, v in zip(labels, t)},
+               fp8proj_speedup_vs_bf16=round(t[0] / t[1], 4),
+               deepgemm_ms_over_fp8proj=round(t[2] / t[1], 4) if len(t) > 2 else None,
+               capture_errors={k: v for k, v in notes.items() if v})
+    log(f"[fp8ckpt] {name} decode C={c} ({'CUDA graphs' if graphs else 'eager: ' + str(row['capture_errors'])}): " +
+        ", ".join(f"{k} {v * 1e3:.1f} us" for k, v in zip(labels, t)) + f"; fp8proj {t[0] / t[1]:.3f}x bf16")
+    del caches
+    return [row]
+
+
+def summarize(proj_rows, model_rows, memories) -> list:
+    """Markdown lines: the bars of the FP8-checkpoint issue against the measured rows."""
+    md = ["## FP8 checkpoints as users load them (transformers FP8Linear), same run", ""]
+    md += ["| model | projection | N x K | kind | M | bf16 us | fp8proj us | vs bf16 | DeepGEMM us | DeepGEMM / fp8proj | "
+           "err vs dequant |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in proj_rows:
+        md.append(f"| {r['model']} | {r['projection']} | {r['n']}x{r['k']} | {r['kind']} | {r['m']} | {r['bf16_us']:.1f} | "
+                  f"{r['fp8proj_us']:.1f} | {r['speedup_vs_bf16']:.3f}x | "
+                  f"{'' if r['deepgemm_us'] is None else format(r['deepgemm_us'], '.1f')} | "
+                  f"{'' if r['speedup_vs_deepgemm'] is None else format(r['speedup_vs_deepgemm'], '.3f') + 'x'} | "
+                  f"{r['fp8proj_err_vs_dequant']:.2e} |")
+    md += ["", "| model | kind | C | bf16 ms | fp8proj ms | fp8proj vs bf16 | DeepGEMM ms | DeepGEMM / fp8proj | CUDA graph |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for r in model_rows:
+        md.append(f"| {r['model']} | {r['kind']} | {r['seqs']} | {r['bf16_ms']:.3f} | {r['fp8proj_ms']:.3f} | "
+                  f"{r['fp8proj_speedup_vs_bf16']:.3f}x | {r.get('deepgemm_ms', '') or ''} | "
+                  f"{'' if r.get('deepgemm_ms_over_fp8proj') is None else format(r['deepgemm_ms_over_fp8proj'], '.3f') + 'x'} | "
+                  f"{'yes' if r['cuda_graph'] else 'no'} |")
+    md += ["", "| model | bf16 weights | FP8 weights | FP8 / bf16 | fp8proj adds | FP8Linears taken | DeepGEMM |",
+           "|---|---|---|---|---|---|---|"]
+    for m in memories:
+        md.append(f"| {m['model']} | {m['bf16_weight_bytes'] / 1e9:.3f} GB | {m['fp8_weight_bytes'] / 1e9:.3f} GB | "
+                  f"{m['fp8_over_bf16']:.3f} | {m['fp8proj_extra_bytes'] / 1e6:.2f} MB | "
+                  f"{m['fp8proj_taken']}/{m['fp8_linears']} | {m['deepgemm']} |")
+    big = [r for r in proj_rows if r["m"] >= 1024]
+    if proj_rows:
+        md += ["", "Bars (every taken projection >= 1.6x bf16 at M >= 1024 and never below 1.0; DeepGEMM geo-mean "
+               ">= 1.05x; outputs within 2e-3 of the dequantized product):", ""]
+        lo_big = min((r["speedup_vs_bf16"] for r in big), default=float("nan"))
+        lo_all = min(r["speedup_vs_bf16"] for r in proj_rows)
+        md.append(f"- lowest fp8proj / bf16 at M >= 1024: {lo_big:.3f}x ({'met' if lo_big >= 1.6 else 'MISSED'}); "
+                  f"lowest anywhere: {lo_all:.3f}x ({'met' if lo_all >= 1.0 else 'MISSED'})")
+        dgs = [r["speedup_vs_deepgemm"] for r in proj_rows if r["speedup_vs_deepgemm"]]
+        if dgs:
+            gm = math.exp(sum(math.log(v) for v in dgs) / len(dgs))
+            md.append(f"- DeepGEMM time / fp8proj time, geometric mean over {len(dgs)} points: {gm:.3f}x "
+                      f"({'met' if gm >= 1.05 else 'MISSED'}); lowest {min(dgs):.3f}x")
+        bad = [r for r in proj_rows if not r["within_tolerance"]]
+        md.append(f"- fp8proj outputs within 2e-3 of the dequantized product: {len(proj_rows) - len(bad)}/{len(proj_rows)}")
+    return md
+
+
+# ---- DeepGEMM's JIT, compiled ahead in parallel -----------------------------------------------------
+
+def problems(cfg, chunks, decode):
+    """(N, K) of every distinct FP8 linear of one layer, and every M the benchmark runs."""
+    h, heads, ql, kvl = cfg.hidden_size, cfg.num_attention_heads, cfg.q_lora_rank, cfg.kv_lora_rank
+    nope, rope, v = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
+    shapes = [(ql, h), (heads * (nope + rope), ql), (kvl + rope, h), (heads * (nope + v), kvl), (h, heads * v),
+              (cfg.intermediate_size, h), (h, cfg.intermediate_size)]
+    return sorted(set(shapes)), sorted({c * 1024 for c in chunks} | set(decode))
+
+
+def prewarm_deepgemm(cfg, chunks, decode, shards: int, log=print) -> None:
+    """DeepGEMM JIT-compiles a kernel at the first call of each problem: do that for every
+    (N, K, M) of the run in `shards` processes at once, before anything is timed."""
+    import subprocess
+    import sys
+
+    shapes, ms = problems(cfg, chunks, decode)
+    spec = json.dumps({"shapes": shapes, "ms": ms})
+    t0 = time.time()
+    procs = [subprocess.Popen([sys.executable, "-m", "fp8proj.bench_fp8ckpt", "--prewarm", f"{i}/{shards}", spec],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for i in range(shards)]
+    errs = [p.communicate()[1] for p in procs]
+    bad = [e for p, e in zip(procs, errs) if p.returncode != 0]
+    log(f"[fp8ckpt] DeepGEMM JIT prewarm of {len(shapes) * len(ms)} problems in {shards} processes: "
+        f"{time.time() - t0:.0f} s" + (f"; {len(bad)} failed: {bad[0][-300:]}" if bad else ""))
+
+
+def _prewarm_shard(which: str, spec: str) -> int:
+    deep_gemm, why = deepgemm_status()
+    if deep_gemm is None:
+        print(why)
+        return 0
+    i, n_shards = map(int, which.split("/"))
+    cast, _ = _per_token_cast(deep_gemm)
+    todo = [(n, k, m) for n, k in json.loads(spec)["shapes"] for m in json.loads(spec)["ms"]]
+    for idx, (n, k, m) in enumerate(todo):
+        if idx % n_shards != i:
+            continue
+        x = torch.zeros(m, k, dtype=BF16, device="cuda")
+        w = torch.zeros(n, k, device="cuda").to(E4M3)
+        ws = torch.ones(-(-n // 128), k // 128, device="cuda")
+        xq, xs = cast(x)
+        deep_gemm.fp8_gemm_nt((xq, xs), (w, ws), torch.empty(m, n, dtype=BF16, device="cuda"))
+    torch.cuda.synchronize()
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    if len(sys.argv) == 4 and sys.argv[1] == "--prewarm":
+        sys.exit(_prewarm_shard(sys.argv[2], sys.argv[3]))
+    sys.exit("usage: python -m fp8proj.bench_fp8ckpt --prewarm I/N SPEC_JSON (run by the benchmark itself)")

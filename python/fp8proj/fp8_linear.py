@@ -1,0 +1,279 @@
+"""FP8 checkpoints' linear layers through fp8proj's block-scaled GEMM.
+
+DeepSeek-V3/R1, Kimi-K2 and GLM-5-FP8 ship e4m3 weights with one `weight_scale_inv` per 128x128
+block (fp32, not powers of two; some newer checkpoints UE8M0). transformers loads them as
+`FP8Linear` (or quantizes a bf16 model on load with `FineGrainedFP8Config`), whose forward needs
+DeepGEMM or a Triton kernel fetched from the hub by the `kernels` package: offline it raises
+ImportError. `Fp8CheckpointLinear` runs such a module with fp8proj instead, on the module's own
+tensors as they are -- no bf16 copy, no re-quantization, no hub kernel, no JIT:
+
+    y = dequant(quant(x)) . dequant(weight, weight_scale_inv)^T (+ bias)
+
+  weight            the module's e4m3 [N, K] Parameter (shared, not copied)
+  weight_scale_inv  the module's fp32 [ceil(N/128), ceil(K/128)] Parameter (shared); UE8M0 scales
+                    (float8_e8m0fnu, or their raw bytes) are widened once to an fp32 tensor of the
+                    same shape -- exact, 4 bytes per 128x128 block, reported as extra memory
+  x                 quantized per call in 1x128 groups with fp32 scales: scale = fl32(max(amax,
+                    1e-10) / 448), code = e4m3(fl32(x / scale)) (ScaleMode::fp32, formats.hpp).
+
+That activation rule is the dynamic one these modules run elsewhere: transformers' Triton
+finegrained-fp8 kernel (amax / 448, x / scale; it floors the scale at 1e-12 instead of clamping
+amax at 1e-10, which only differs for groups with amax below 4.5e-10) and SGLang's / vLLM's
+per_token_group_quant_fp8 (the same rule). transformers' DeepGEMM path quantizes with
+DeepGEMM's per_token_cast_to_fp8, which multiplies by 1/scale and clamps amax at 1e-4: on
+Gaussian bf16 activations that gives another e4m3 code for about 5 in 10^4 values
+(python/tests/test_fp8_checkpoint.py measures it), one unit in the last place of e4m3 each.
+
+Per call: with fp8proj's CUDA library on a Hopper GPU, the ops torch.ops.fp8proj.quantize_activation
+(x, "float") and torch.ops.fp8proj.fp8_gemm -- graph-capturable, traced by torch.compile as
+single nodes. Elsewhere (a CPU, another GPU, no library) the same numerics in torch: the weight
+dequantized per call and an fp32 product, slow but it runs, said once in the log.
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+from typing import Optional, Tuple
+
+import torch
+from torch import nn
+
+from . import _lib
+from .ops import _ceil4
+
+__all__ = ["Fp8CheckpointLinear", "fp8_linear_class", "fp8_linear_skip_reason", "is_fp8_checkpoint_module",
+           "quantize_activation_float_reference", "dequantize_weight"]
+
+log = logging.getLogger("fp8proj")
+_E4M3 = torch.float8_e4m3fn
+_E8M0 = getattr(torch, "float8_e8m0fnu", None)
+_said = set()
+
+
+def _say_once(reason: str) -> None:
+    if reason not in _said:
+        _said.add(reason)
+        log.warning("fp8proj: FP8 checkpoint layers run fp8proj's numerics in torch (slow): %s", reason)
+
+
+def fp8_linear_class():
+    """transformers' FP8Linear class, or None where this transformers has none."""
+    try:
+        from transformers.integrations.finegrained_fp8 import FP8Linear
+    except Exception:  # noqa: BLE001 - an older or broken transformers simply has no FP8 layers to take
+        return None
+    return FP8Linear
+
+
+def is_fp8_checkpoint_module(m: nn.Module) -> bool:
+    """Any module of transformers' fine-grained FP8 integration (FP8Linear and its subclasses,
+    FP8Experts, FP8Embedding): the modules patch() reports on."""
+    return type(m).__module__.endswith("integrations.finegrained_fp8") or any(
+        c.__module__.endswith("integrations.finegrained_fp8") for c in type(m).__mro__[1:-1])
+
+
+def fp8_linear_skip_reason(m: nn.Module) -> str:
+    """"" when fp8proj can run this module as it is, else why not (for the patch report)."""
+    cls = fp8_linear_class()
+    name = type(m).__name__
+    if cls is None or not isinstance(m, cls):
+        if "Experts" in name:
+            return f"MoE experts ({name}): per-expert grouped GEMMs, not a dense linear layer"
+        return f"a {name}, not an FP8Linear"
+    if type(m) is not cls:
+        return f"a {name} (block-diagonal grouped linear), not a plain FP8Linear"
+    w, s = m.weight, getattr(m, "weight_scale_inv", None)
+    if w.dtype != _E4M3:
+        return f"weight is {w.dtype}, not float8_e4m3fn (FP4-packed or dequantized)"
+    if w.dim() != 2:
+        return f"weight has shape {tuple(w.shape)}, not [N, K]"
+    block = getattr(m, "block_size", None)
+    if block is None:
+        return "per-tensor weight scale (block_size None), not 128x128 blocks"
+    if tuple(block) != (128, 128):
+        return f"block_size {tuple(block)}, not (128, 128)"
+    scheme = getattr(m, "activation_scheme", "dynamic")
+    if scheme != "dynamic":
+        return f"activation_scheme {scheme!r}: a calibrated per-tensor input scale, not 1x128 dynamic groups"
+    if getattr(m, "activation_scale", None) is not None:
+        return "has a static activation_scale"
+    n, k = w.shape
+    if s is None or s.dtype not in (torch.float32, torch.uint8) + ((_E8M0,) if _E8M0 is not None else ()):
+        return f"weight_scale_inv is {None if s is None else s.dtype}, neither fp32 nor UE8M0"
+    want = (-(-n // 128), -(-k // 128))
+    if tuple(s.shape) != want:
+        return f"weight_scale_inv has shape {tuple(s.shape)}, not {want} (one scale per 128x128 block)"
+    if k % 128 or n % 16:
+        return (f"K={k} is not a multiple of 128 (1x128 activation groups)" if k % 128 else
+                f"N={n} is not a multiple of 16 (16-byte output rows)")
+    if w.device != s.device:
+        return f"weight on {w.device}, weight_scale_inv on {s.device}"
+    return ""
+
+
+def scale_format_of(s: torch.Tensor) -> str:
+    return "float" if s.dtype == torch.float32 else "ue8m0"
+
+
+def _scales_fp32(s: torch.Tensor) -> Optional[torch.Tensor]:
+    """None for fp32 scales (used as they are); UE8M0 ones widened exactly to fp32."""
+    if s.dtype == torch.float32:
+        return None
+    if s.dtype == torch.uint8:  # the raw exponent bytes: 2^(b - 127)
+        return torch.ldexp(torch.ones_like(s, dtype=torch.float32), s.to(torch.int32) - 127)
+    return s.detach().to(torch.float32)
+
+
+def dequantize_weight(w: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """fp32 [N, K] = e4m3 values times their block's scale (the last row block may be partial)."""
+    n, k = w.shape
+    s = scales.to(torch.float32) if scales.dtype != torch.uint8 else _scales_fp32(scales)
+    full = s.repeat_interleave(128, dim=0)[:n].repeat_interleave(128, dim=1)[:, :k]
+    return w.to(torch.float32) * full
+
+
+def quantize_activation_float_reference(x2: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(codes e4m3 [M, K], scales fp32 [M, K/128]) of the fp32 rule, in torch: the reference the
+    CPU path runs (and the tests check against numpy). A group holding NaN or Inf gets a NaN scale
+    and NaN codes, as fp8proj's kernels give it."""
+    m, k = x2.shape
+    g = x2.to(torch.float32).view(m, k // 128, 128)
+    finite = torch.isfinite(g).all(dim=-1, keepdim=True)
+    amax = torch.where(torch.isfinite(g), g.abs(), torch.zeros((), dtype=torch.float32)).amax(-1, keepdim=True)
+    # A tensor divisor: torch divides by a Python scalar as a multiplication by its reciprocal on
+    # CUDA, which is not the rule (formats.hpp); tensor / tensor is IEEE division on CPU and GPU.
+    s = amax.clamp_min(1e-10) / torch.full_like(amax, 448.0)
+    q = (g / s).clamp(-448.0, 448.0).to(_E4M3)
+    nan = torch.full((), float("nan"))
+    q = torch.where(finite, q.to(torch.float32), nan).to(_E4M3)
+    s = torch.where(finite, s, nan)
+    return q.view(m, k), s.view(m, k // 128)
+
+
+class Fp8CheckpointLinear(nn.Module):
+    """Runs an FP8Linear of transformers (see the module doc) through fp8proj. Holds the source
+    module's Parameters (weight, weight_scale_inv, bias) under the same names, so the model's
+    state_dict is unchanged; `source` is the module it stands in for (unpatch puts it back)."""
+
+    def __init__(self, source: nn.Module, *, name: str):
+        super().__init__()
+        why = fp8_linear_skip_reason(source)
+        if why:
+            raise ValueError(f"fp8proj: {name}: {why}")
+        self.__dict__["source"] = source  # not a submodule: its Parameters are ours already
+        self.weight = source.weight
+        self.weight_scale_inv = source.weight_scale_inv
+        self.register_parameter("bias", source.bias)
+        self.out_features, self.in_features = (int(v) for v in source.weight.shape)
+        self.name = name
+        self.scale_format = scale_format_of(source.weight_scale_inv)
+        self.register_buffer("scales_fp32", _scales_fp32(source.weight_scale_inv), persistent=False)
+        self._workspace_bytes = 0
+        self._fp8, self._why = False, ""
+        self.refresh()
+
+    # -- state -----------------------------------------------------------------------------------
+    def refresh(self) -> None:
+        """Decide the path for the weight where it is now (after .to()/.cuda())."""
+        ok, why = _lib.device_status()
+        w = self.weight
+        if ok and w.device.type != "cuda":
+            ok, why = False, f"weight is on {w.device} (fp8proj's FP8 GEMM runs on the GPU)"
+        self._fp8, self._why = ok, ("" if ok else why)
+        if not ok:
+            _say_once(why)
+
+    def _apply(self, fn, recurse=True):
+        out = super()._apply(fn, recurse)
+        self.refresh()
+        return out
+
+    def _scales(self) -> torch.Tensor:
+        return self.scales_fp32 if self.scales_fp32 is not None else self.weight_scale_inv.detach()
+
+    @property
+    def uses_fp8_kernel(self) -> bool:
+        """True when calls run fp8proj's GEMM (a Hopper GPU), False for the torch fallback."""
+        return self._fp8
+
+    # -- forward ---------------------------------------------------------------------------------
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self._fp8 or x.dtype != torch.bfloat16 or (torch.is_grad_enabled() and x.requires_grad):
+            return self._reference(x)
+        x2 = x.reshape(-1, self.in_features)
+        if not x2.is_contiguous():
+            x2 = x2.contiguous()
+        xv, xs = torch.ops.fp8proj.quantize_activation(x2, "float")
+        y = torch.ops.fp8proj.fp8_gemm(xv, xs, self.weight.detach(), self._scales())
+        if self.bias is not None:
+            y = y.add_(self.bias.detach())  # in the output's dtype, as transformers' FP8Linear adds it
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def _reference(self, x: torch.Tensor) -> torch.Tensor:
+        """fp8proj's numerics in torch: the weight dequantized per call, an fp32 product."""
+        x2 = x.reshape(-1, self.in_features)
+        q, s = quantize_activation_float_reference(x2)
+        xd = (q.to(torch.float32).view(-1, self.in_features // 128, 128) * s.unsqueeze(-1)).view_as(q)
+        w = dequantize_weight(self.weight.detach(), self._scales())
+        y = (xd @ w.T).to(x.dtype)
+        if self.bias is not None:
+            y = y.add_(self.bias.detach().to(y.dtype))
+        return y.view(*x.shape[:-1], self.out_features)
+
+    # -- queries ---------------------------------------------------------------------------------
+    def _gemm_handle(self, max_m: int):
+        """A throwaway plan through the C ABI for this weight (what fp8_gemm's cached one runs)."""
+        lib = _lib.lib()
+        h = ctypes.c_void_p()
+        _lib.check(lib.fp8proj_fp8_gemm_create(self.weight.data_ptr(), self._scales().data_ptr(), self.out_features,
+                                               self.in_features, max(4, _ceil4(max_m)), None, ctypes.byref(h)),
+                   self.name)
+        return h.value
+
+    def explain(self, m: int) -> str:
+        """Which kernel a call with m rows runs, and why."""
+        what = (f"the checkpoint's e4m3 weight and {self.scale_format} weight_scale_inv as loaded (no copy, no "
+                "re-quantization); activations 1x128 groups, fp32 scales amax/448")
+        if m <= 0:
+            return f"M={m}: nothing to run"
+        if not self._fp8:
+            return f"M={m}: torch (weight dequantized per call, fp32 product) -- {self._why}"
+        lib = _lib.lib()
+        h = self._gemm_handle(m)
+        try:
+            desc = _lib.read_string(lib.fp8proj_fp8_gemm_describe, h, int(m))
+        finally:
+            lib.fp8proj_fp8_gemm_destroy(h)
+        return f"M={m}: fp8 via {desc} -- {what}"
+
+    def prepare(self, max_m: int = 8192) -> None:
+        """Make fp8_gemm's plan for this weight now (it allocates, which a CUDA graph capture
+        refuses) and note the plan's workspace. patch() calls it; a no-op off the kernel path."""
+        if not self._fp8:
+            return
+        with torch.no_grad():
+            self.forward(torch.zeros(4, self.in_features, dtype=torch.bfloat16, device=self.weight.device))
+        lib = _lib.lib()
+        h = self._gemm_handle(max_m)
+        try:
+            b = ctypes.c_size_t()
+            _lib.check(lib.fp8proj_fp8_gemm_workspace_bytes(h, ctypes.byref(b)), self.name)
+            self._workspace_bytes = int(b.value)
+        finally:
+            lib.fp8proj_fp8_gemm_destroy(h)
+
+    def memory(self) -> dict:
+        """Bytes: the checkpoint's weight and scales (held by the model as before) and what this
+        module adds (fp32 scales for UE8M0 ones, the GEMM plan's workspace)."""
+        s = self.weight_scale_inv
+        extra = (self.scales_fp32.numel() * 4 if self.scales_fp32 is not None else 0) + self._workspace_bytes
+        return {"fp8_weight": self.weight.numel() * self.weight.element_size(),
+                "scales": s.numel() * s.element_size(), "extra": extra}
+
+    def extra_memory_bytes(self) -> int:
+        return self.memory()["extra"]
+
+    def extra_repr(self) -> str:
+        path = "fp8proj fp8 GEMM" if self._fp8 else "torch fallback"
+        return (f"name={self.name!r}, in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, weight_scale_inv={self.scale_format}, path={path}")

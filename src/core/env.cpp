@@ -42,6 +42,7 @@ std::optional<int64_t> min_fp8_tokens() { return get_int("FP8PROJ_MIN_FP8_TOKENS
 std::optional<int64_t> decode_ceiling() { return get_int("FP8PROJ_DECODE_CEILING", 0); }
 std::optional<std::string> fp8_backend() { return get("FP8PROJ_FP8_BACKEND"); }
 std::optional<std::string> tune_file() { return get("FP8PROJ_TUNE_FILE"); }
+std::optional<int64_t> watchdog_ms() { return get_int("FP8PROJ_WATCHDOG_MS", 0, kMaxWatchdogMs); }
 
 std::optional<std::string> log_level() {
   auto v = get("FP8PROJ_LOG_LEVEL");

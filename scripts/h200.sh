@@ -71,7 +71,7 @@ else
   [ -x build-h200/tests/gpu/sm90_fp8_gemm_harness ] && cp build-h200/tests/gpu/sm90_fp8_gemm_harness "$BIN"/
   # The C ABI tests and the fault probes (steps faults, sanitize_all); the .so next to them.
   cp build-h200/tests/gpu/fp8proj_c_api_tests build-h200/tests/gpu/fp8proj_fault_probe_layer \
-     build-h200/tests/gpu/fp8proj_fault_probe_capi "$BIN"/ 2>/dev/null
+     build-h200/tests/gpu/fp8proj_fault_probe_capi build-h200/tests/gpu/libfp8proj_fault_inject.so "$BIN"/ 2>/dev/null
   cp build-h200/src/libfp8proj_c.so* "$BIN"/ 2>/dev/null
 fi
 export LD_LIBRARY_PATH="$PWD/$BIN${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -196,6 +196,9 @@ want check && {  # a corrupt and a mismatched table are rejected with one line; 
     --m 1,16,64,200,700,1500,4096,32768 >"$R/explain_tuned.log" 2>&1
 }
 want sanitize && command -v compute-sanitizer >/dev/null && {
+  # The GEMM watchdog off (FP8PROJ_WATCHDOG_MS=0) under the tools: they stretch every barrier
+  # wait far past its microseconds; the steps' own timeouts bound a hang here.
+  export FP8PROJ_WATCHDOG_MS=0
   # memcheck over the GPU tests (minus the exhaustive 2^32-input conversions and the timing
   # loops, which only repeat what is checked elsewhere) and over the GEMM harness on a small
   # and a large shape; racecheck on the harness (the shared-memory pipelines). 2304 x 4096
@@ -208,6 +211,7 @@ want sanitize && command -v compute-sanitizer >/dev/null && {
     run racecheck_gemm 150 compute-sanitizer --tool racecheck --error-exitcode 9 "$BIN/sm90_fp8_gemm_harness" \
       --no-timing --mnk 100,640,384 --mnk 1000,2048,1024 --mnk 2304,4096,256
   }
+  unset FP8PROJ_WATCHDOG_MS
 }
 # sanitize_matrix: racecheck, synccheck, initcheck and memcheck over every configuration of the
 # GEMM family forced one at a time (full and partial last tiles, N tails, K = 512, the per-K
@@ -225,9 +229,12 @@ want sanitize_matrix && command -v compute-sanitizer >/dev/null && [ -x "$BIN/sm
 want soak && run soak "$(awk -v m="${SOAK_MINUTES:-4}" 'BEGIN { printf "%d", m * 60 + 120 }')" \
   "$FP8" soak --minutes "${SOAK_MINUTES:-4}" --seed "${SOAK_SEED:-1}" --json "$R/soak.json" --log "$R/soak_iterations.log" \
   ${SOAK_ARGS:-}
-# faults: the layer and the C ABI under tuned-table faults (tests/gpu/test_faults.py).
+# faults: the layer and the C ABI under tuned-table faults, a sticky CUDA fault (every surface,
+# the torch ops where the package imports, fails fast with its text) and a hung GEMM kernel (the
+# watchdog ends it, naming it): tests/gpu/test_faults.py.
 want faults && [ -x "$BIN/fp8proj_fault_probe_layer" ] && \
-  run faults 240 python3 tests/gpu/test_faults.py "$BIN/fp8proj_fault_probe_layer" "$BIN/fp8proj_fault_probe_capi"
+  run faults 300 python3 tests/gpu/test_faults.py "$BIN/fp8proj_fault_probe_layer" "$BIN/fp8proj_fault_probe_capi" \
+    "$BIN/libfp8proj_fault_inject.so"
 want profile && command -v ncu >/dev/null && [ -x "$BIN/sm90_fp8_gemm_harness" ] && {
   run ncu_large 120 ncu --clock-control none -k regex:sm90_fp8_gemm --launch-count 2 --section SpeedOfLight \
     --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats \
@@ -277,6 +284,7 @@ want deepgemm_ntail && [ -f build-pack/deepgemm-src.txz ] && \
 # conversions and timing loops), the C ABI tests and the fault probe; one log per tool and
 # program under results/ (compute-sanitizer's own summary line ends each).
 want sanitize_all && command -v compute-sanitizer >/dev/null && {
+  export FP8PROJ_WATCHDOG_MS=0  # as in sanitize: the tools stretch every barrier wait
   gfilter='-*HardwareCvt*:*Speed*:*Bandwidth*'
   # racecheck replays every shared-memory access: over the per-configuration GEMM sweeps
   # (Configs/*, the N-tail heuristic shapes) it would run for an hour, so those configurations
@@ -309,5 +317,6 @@ want sanitize_all && command -v compute-sanitizer >/dev/null && {
   done
   for p in "${pids[@]}"; do wait "$p"; done
   grep -H "ERROR SUMMARY\|LEAK SUMMARY\|RACECHECK SUMMARY" "$R"/cs_*.log | tee -a "$R/run.log"
+  unset FP8PROJ_WATCHDOG_MS
 }
 log "done; results in $OUT/results.tgz"

@@ -15,7 +15,12 @@
  * any finite positive fp32 values.
  *
  * Every function returns 0 on success and -1 on failure; fp8proj_last_error() then says what
- * was wrong (per thread, until the next failing call). m = 0 is a successful no-op. */
+ * was wrong (per thread, until the next failing call). m = 0 is a successful no-op.
+ *
+ * After a sticky CUDA error (an illegal address, a trap, a hung kernel ended by the watchdog:
+ * the CUDA context is unusable) every function that would use the GPU returns -1 at once, m = 0
+ * included, with "the CUDA context is unusable after an earlier error: <its text>; restart the
+ * process"; fp8proj_device_fault() returns that text. */
 #ifndef FP8PROJ_C_API_H
 #define FP8PROJ_C_API_H
 
@@ -187,6 +192,10 @@ FP8PROJ_C_EXPORT const char* fp8proj_version_string(void);
 
 /* The message of this thread's last failure ("" if none). Valid until the next call. */
 FP8PROJ_C_EXPORT const char* fp8proj_last_error(void);
+
+/* NULL while the CUDA context is usable; after a sticky CUDA error, the text of the first one
+ * (valid for the life of the process). */
+FP8PROJ_C_EXPORT const char* fp8proj_device_fault(void);
 
 #ifdef __cplusplus
 }

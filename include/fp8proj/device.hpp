@@ -29,6 +29,10 @@ struct DeviceInfo {
 
 // The current device (cached after the first call).
 const DeviceInfo& current_device();
+// "" while the CUDA context is usable; after a sticky CUDA error (docs/robustness.md), the text
+// of the first one. Every later call that would use the GPU then throws fp8proj::Error with it:
+// the process must be restarted.
+std::string device_fault_text();
 bool built_with_cuda();
 std::string fp8proj_version();
 

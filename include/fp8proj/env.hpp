@@ -24,6 +24,11 @@ std::optional<std::string> fp8_backend();     // FP8PROJ_FP8_BACKEND (auto | bac
 std::optional<ScaleMode> weight_scales();     // FP8PROJ_WEIGHT_SCALES (ue8m0 | float)
 std::optional<std::string> tune_file();       // FP8PROJ_TUNE_FILE
 std::optional<std::string> log_level();       // FP8PROJ_LOG_LEVEL
+// FP8PROJ_WATCHDOG_MS: how long one GPU thread may wait on one pipeline barrier of the sm90 GEMM
+// kernels before the kernel is ended with an error naming it (0 = no limit). At most a week.
+inline constexpr int64_t kDefaultWatchdogMs = 10000;
+inline constexpr int64_t kMaxWatchdogMs = int64_t{7} * 24 * 3600 * 1000;
+std::optional<int64_t> watchdog_ms();
 
 // Raw access for the knobs above (exposed for tests).
 std::optional<std::string> get(const char* name);

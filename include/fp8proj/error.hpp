@@ -15,6 +15,9 @@ class Error : public std::runtime_error {
 
 namespace detail {
 [[noreturn]] void throw_error(const char* file, int line, const std::string& what);
+// "what [src/layer/projection.cpp:12]": the message with its source location, as throw_error
+// shows it (the path from the project's top folder on).
+std::string located(const char* file, int line, const std::string& what);
 
 // Streams any number of printable values into one string.
 template <typename... Args>

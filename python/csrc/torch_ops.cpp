@@ -34,6 +34,13 @@ using torch::stable::Tensor;
 }
 [[noreturn]] void fail_c(const char* op) { fail(op, fp8proj_last_error()); }
 
+// After a sticky CUDA error every op fails at once with the first fault's text (c_api.h), before
+// it allocates or looks at its arguments: one call into libfp8proj_c, an atomic load there.
+void check_device(const char* op) {
+  if (const char* fault = fp8proj_device_fault()) [[unlikely]]
+    fail(op, std::string("the CUDA context is unusable after an earlier error: ") + fault + "; restart the process");
+}
+
 // The message is built only when the check fails: a passing call allocates nothing here.
 #define OP_CHECK(cond, op, msg) \
   do {                          \
@@ -150,6 +157,7 @@ Projection projection(int64_t id, const Tensor& weight, const char* op) {
 
 Tensor linear(Tensor x, Tensor weight, int64_t handle) {
   const char* op = "linear";
+  check_device(op);
   check_tensor(x, op, "x", dtype_bf16());
   check_tensor(weight, op, "weight", dtype_bf16());
   check_same_device(x, weight, op, "weight");
@@ -165,6 +173,7 @@ Tensor linear(Tensor x, Tensor weight, int64_t handle) {
 
 Tensor rmsnorm_linear(Tensor x, Tensor norm_weight, double eps, Tensor weight, int64_t handle) {
   const char* op = "rmsnorm_linear";
+  check_device(op);
   check_tensor(x, op, "x", dtype_bf16(), /*contiguous=*/false);
   check_tensor(norm_weight, op, "norm_weight", dtype_bf16());
   check_tensor(weight, op, "weight", dtype_bf16());
@@ -193,6 +202,7 @@ int scale_format_of(const std::string& fmt, const char* op) {
 
 std::tuple<Tensor, Tensor> quantize_rows(const char* op, const Tensor& x, const Tensor* norm_weight, double eps,
                                          int scale_format = FP8PROJ_SCALES_UE8M0) {
+  check_device(op);
   check_tensor(x, op, "x", dtype_bf16(), /*contiguous=*/norm_weight == nullptr);
   const auto [m, k, stride] = rows_of(x, op);
   OP_CHECK(k > 0 && k % 128 == 0, op, "K=" + std::to_string(k) + " must be a positive multiple of 128 (1x128 scale groups)");
@@ -229,6 +239,7 @@ std::tuple<Tensor, Tensor> rmsnorm_quantize(Tensor x, Tensor weight, double eps)
 // construction, so a model loader that quantizes through the op pays no Python frame per weight.
 std::tuple<Tensor, Tensor> quantize_weight(Tensor w, std::string scale_fmt) {
   const char* op = "quantize_weight";
+  check_device(op);
   const int scale_format = scale_format_of(scale_fmt, op);
   check_tensor(w, op, "w", dtype_bf16());
   OP_CHECK(w.dim() == 2, op, "w must be 2-D [N, K], got " + std::to_string(w.dim()) + " dimensions");
@@ -294,6 +305,7 @@ fp8proj_fp8_gemm* plan_for(const Tensor& wv, const Tensor& ws, int64_t m, int32_
 
 Tensor fp8_gemm(Tensor xv, Tensor xs, Tensor wv, Tensor ws) {
   const char* op = "fp8_gemm";
+  check_device(op);
   check_tensor(xv, op, "xv", dtype_e4m3());
   check_tensor(xs, op, "xs", dtype_f32());
   check_tensor(wv, op, "wv", dtype_e4m3());

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Tuple
 
 from . import _lib
-from ._lib import Fp8ProjError
+from ._lib import DeviceFaultError, Fp8ProjError
 
 __version__ = "0.1.0"
 
@@ -35,4 +35,5 @@ def library_version() -> str:
     return _lib.LIB.fp8proj_version_string().decode() if _lib.LIB is not None else ""
 
 
-__all__ = ["Fp8ProjError", "cuda_status", "library_version", "ops", "torch", "integrations", "__version__"]
+__all__ = ["DeviceFaultError", "Fp8ProjError", "cuda_status", "library_version", "ops", "torch", "integrations",
+           "__version__"]

@@ -21,6 +21,17 @@ class Fp8ProjError(RuntimeError):
     """A call into libfp8proj_c failed; the message is the library's own (what was wrong)."""
 
 
+class DeviceFaultError(Fp8ProjError):
+    """An earlier sticky CUDA error left the CUDA context unusable (docs/robustness.md): every
+    later call that would use the GPU fails with this, naming the first fault. Restart the
+    process."""
+
+
+# The first fault's text once a C call has reported one (fail() below): the ops then raise
+# before they allocate, at the cost of reading this global.
+FAULT: Optional[str] = None
+
+
 class ProjectionOptions(ctypes.Structure):
     # Mirrors fp8proj_projection_options in c_api.h, field for field.
     _fields_ = [
@@ -41,6 +52,7 @@ _SIGNATURES = {
     # name: (restype, argtypes)
     "fp8proj_version_string": (c_char_p, []),
     "fp8proj_last_error": (c_char_p, []),
+    "fp8proj_device_fault": (c_char_p, []),
     "fp8proj_device_status": (c_int, [POINTER(c_int), c_char_p, c_size_t]),
     "fp8proj_quantize_activation": (c_int, [c_void_p, c_int64, c_int64, c_int64, c_void_p, c_void_p, c_int64, c_void_p]),
     "fp8proj_rmsnorm_quantize": (
@@ -120,8 +132,30 @@ def lib() -> _Lib:
 
 
 def fail(what: str) -> "Fp8ProjError":
-    """The exception for a C call that returned -1 (call right after it, on the same thread)."""
-    return Fp8ProjError(f"{what}: {LIB.last_error()}")
+    """The exception for a C call that returned -1 (call right after it, on the same thread):
+    DeviceFaultError when the CUDA context is unusable."""
+    message = f"{what}: {LIB.last_error()}"
+    if device_fault() is not None:
+        return DeviceFaultError(message)
+    return Fp8ProjError(message)
+
+
+def device_fault() -> Optional[str]:
+    """None while the CUDA context is usable; else the text of the first sticky CUDA error the
+    library saw (fp8proj_device_fault in c_api.h)."""
+    global FAULT
+    if FAULT is None and LIB is not None:
+        text = LIB.fp8proj_device_fault()
+        if text:
+            FAULT = text.decode(errors="replace")
+    return FAULT
+
+
+def raise_if_device_fault(what: str) -> None:
+    """Raises DeviceFaultError once a C call has reported a dead CUDA context (a global read)."""
+    if FAULT is not None:
+        raise DeviceFaultError(f"{what}: fp8proj: the CUDA context is unusable after an earlier error: {FAULT}; "
+                               "restart the process")
 
 
 def check(rc: int, what: str) -> None:

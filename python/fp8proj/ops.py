@@ -327,6 +327,7 @@ def _cpu_impl(name):
 
 def _cuda_impl(name, fn):
     def impl(*args):
+        _lib.raise_if_device_fault(f"fp8proj.{name}")
         if _lib.LIB is None or not _lib.device_status()[0]:
             raise _lib.Fp8ProjError(f"fp8proj.{name}: {cuda_status_reason()}")
         return fn(*args)

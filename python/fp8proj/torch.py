@@ -141,6 +141,8 @@ class _GatedBase(nn.Module):
                 torch.cuda.synchronize(w.device)
                 self._proj = _handles.Projection(w.detach(), name=self.name, rmsnorm_input=self._rmsnorm_input,
                                                  workspace=ws, **self._options)
+            except _lib.DeviceFaultError:
+                raise  # not a reason to stay bf16: the CUDA context is gone
             except _lib.Fp8ProjError as e:
                 why = str(e)
         if self._proj is not None:

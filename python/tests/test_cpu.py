@@ -217,6 +217,17 @@ def test_c_abi_error_paths_through_ctypes():
     assert L.fp8proj_quantize_activation(None, 128, 0, 128, None, None, 0, None) == 0  # M = 0: a no-op
 
 
+def test_device_fault_latch_from_python(monkeypatch):
+    # A healthy process: no fault. Once a C call has reported one (_lib.fail records it), the
+    # ops raise before they allocate -- a RuntimeError, as torch's own CUDA errors are.
+    assert _lib.device_fault() is None and _lib.LIB.fp8proj_device_fault() is None
+    assert issubclass(fp8proj.DeviceFaultError, RuntimeError)
+    monkeypatch.setattr(_lib, "FAULT", "CUDA error cudaErrorIllegalAddress (synthetic)")
+    with pytest.raises(fp8proj.DeviceFaultError, match="fp8proj.quantize_activation: .*unusable after an earlier "
+                                                       "error: CUDA error cudaErrorIllegalAddress"):
+        ops._cuda_impl("quantize_activation", ops._quantize_activation_cuda)(torch.empty(4, 128, dtype=BF16))
+
+
 @cpu_only
 def test_c_abi_without_gpu_says_so():
     L = _lib.LIB

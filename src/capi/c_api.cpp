@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/device_fault.hpp"
 #include "fp8proj/device.hpp"
 #include "fp8proj/error.hpp"
 #include "fp8proj/gemm.hpp"
@@ -25,6 +26,8 @@
 
 #if FP8PROJ_WITH_CUDA
 #include <cuda_runtime_api.h>
+
+#include "core/cuda_check.hpp"
 #endif
 
 struct fp8proj_workspace {
@@ -74,6 +77,16 @@ int guarded(F&& f) noexcept {
   return -1;
 }
 
+// The entry points that would use the GPU: after a sticky CUDA error they fail at once with the
+// first fault's text (core/device_fault.hpp), before any argument is looked at.
+template <typename F>
+int guarded_gpu(F&& f) noexcept {
+  return guarded([&] {
+    check_device_usable();
+    f();
+  });
+}
+
 // Pointers reach kernels as TMA base addresses and vector loads: they must be device memory
 // (or managed) and 16-byte aligned. A host pointer would otherwise fault on the GPU, and the
 // fault would poison the caller's context.
@@ -83,6 +96,7 @@ void check_device_pointer(const void* p, const char* what) {
 #if FP8PROJ_WITH_CUDA
   cudaPointerAttributes attr{};
   const cudaError_t err = cudaPointerGetAttributes(&attr, p);
+  if (cuda_error_is_sticky(err)) CUDA_CHECK(err);  // a dead context, not a bad pointer
   if (err != cudaSuccess) (void)cudaGetLastError();  // not sticky; clear it
   FP8PROJ_CHECK(err == cudaSuccess && (attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged),
                 what, " is not device memory (the FP8 GEMM reads and writes device buffers only)");
@@ -107,6 +121,7 @@ void create(const void* w_values, const float* w_scales, int64_t n, int64_t k, i
             fp8proj_fp8_gemm** out) {
   FP8PROJ_CHECK(out != nullptr, "out (the handle's address) is null");
   *out = nullptr;
+  check_device_usable();
   const std::string shape_reason = fp8_block_shape_reason(n, k);
   FP8PROJ_CHECK(shape_reason.empty(), "weight shape ", n, "x", k, ": ", shape_reason);
   FP8PROJ_CHECK(max_m > 0, "max_m must be > 0, got ", max_m);
@@ -224,6 +239,7 @@ void projection_create(const void* weight, int64_t n, int64_t k, const fp8proj_p
                        fp8proj_projection** out, ScaleMode weight_scales = ScaleMode::ue8m0) {
   FP8PROJ_CHECK(out != nullptr, "out (the handle's address) is null");
   *out = nullptr;
+  check_device_usable();
   const fp8proj_projection_options o = options ? *options : default_projection_options();
   ProjectionOptions po;
   if (o.name && *o.name) po.name = o.name;
@@ -305,17 +321,18 @@ extern "C" {
 
 int fp8proj_quantize_activation(const void* x, int64_t x_stride, int64_t m, int64_t k, void* values, float* scales,
                                 int64_t scale_ld, void* stream) {
-  return fp8proj::guarded([&] { fp8proj::quantize_activation(x, x_stride, m, k, values, scales, scale_ld, stream); });
+  return fp8proj::guarded_gpu(
+      [&] { fp8proj::quantize_activation(x, x_stride, m, k, values, scales, scale_ld, stream); });
 }
 
 int fp8proj_rmsnorm_quantize(const void* x, int64_t x_stride, const void* weight, float eps, int64_t m, int64_t k,
                              void* values, float* scales, int64_t scale_ld, void* stream) {
-  return fp8proj::guarded(
+  return fp8proj::guarded_gpu(
       [&] { fp8proj::rmsnorm_quantize(x, x_stride, weight, eps, m, k, values, scales, scale_ld, stream); });
 }
 
 int fp8proj_quantize_weight(const void* w, int64_t n, int64_t k, void* values, float* scales, void* stream) {
-  return fp8proj::guarded([&] { fp8proj::quantize_weight(w, n, k, values, scales, stream); });
+  return fp8proj::guarded_gpu([&] { fp8proj::quantize_weight(w, n, k, values, scales, stream); });
 }
 
 int fp8proj_quantize_activation_scaled(const void* x, int64_t x_stride, int64_t m, int64_t k, int scale_format,
@@ -338,6 +355,7 @@ int fp8proj_workspace_create(int64_t max_tokens, int64_t max_k, int with_bf16_ro
   return fp8proj::guarded([&] {
     FP8PROJ_CHECK(out != nullptr, "out (the handle's address) is null");
     *out = nullptr;
+    fp8proj::check_device_usable();
     FP8PROJ_CHECK(max_tokens > 0 && max_tokens % 4 == 0, "max_tokens must be a positive multiple of 4, got ",
                   max_tokens);
     FP8PROJ_CHECK(max_k > 0 && max_k % 128 == 0, "max_k must be a positive multiple of 128, got ", max_k);
@@ -390,12 +408,12 @@ int fp8proj_projection_weight_scales(const fp8proj_projection* proj, int* weight
 }
 
 int fp8proj_projection_forward(fp8proj_projection* proj, const void* x, int64_t m, void* y, void* stream) {
-  return fp8proj::guarded([&] { fp8proj::projection_forward(proj, x, m, y, stream); });
+  return fp8proj::guarded_gpu([&] { fp8proj::projection_forward(proj, x, m, y, stream); });
 }
 
 int fp8proj_projection_forward_rmsnorm(fp8proj_projection* proj, const void* x, int64_t x_stride,
                                        const void* norm_weight, float eps, int64_t m, void* y, void* stream) {
-  return fp8proj::guarded(
+  return fp8proj::guarded_gpu(
       [&] { fp8proj::projection_forward_rmsnorm(proj, x, x_stride, norm_weight, eps, m, y, stream); });
 }
 
@@ -492,7 +510,7 @@ int fp8proj_fp8_gemm_create(const void* w_values, const float* w_scales, int64_t
 
 int fp8proj_fp8_gemm_run(fp8proj_fp8_gemm* gemm, const void* x_values, const float* x_scales, int64_t x_scale_ld,
                          int64_t m, void* y, void* stream) {
-  return fp8proj::guarded([&] { fp8proj::run(gemm, x_values, x_scales, x_scale_ld, m, y, stream); });
+  return fp8proj::guarded_gpu([&] { fp8proj::run(gemm, x_values, x_scales, x_scale_ld, m, y, stream); });
 }
 
 int fp8proj_fp8_gemm_describe(const fp8proj_fp8_gemm* gemm, int64_t m, char* buf, size_t size) {
@@ -523,5 +541,10 @@ const char* fp8proj_version_string(void) {
 }
 
 const char* fp8proj_last_error(void) { return fp8proj::last_error.c_str(); }
+
+const char* fp8proj_device_fault(void) {
+  const std::string* fault = fp8proj::device_fault();
+  return fault ? fault->c_str() : nullptr;
+}
 
 }  // extern "C"

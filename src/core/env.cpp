@@ -51,6 +51,7 @@ std::optional<ScaleMode> weight_scales() {
   return mode;
 }
 std::optional<std::string> tune_file() { return get("FP8PROJ_TUNE_FILE"); }
+std::optional<int64_t> watchdog_ms() { return get_int("FP8PROJ_WATCHDOG_MS", 0, kMaxWatchdogMs); }
 
 std::optional<std::string> log_level() {
   auto v = get("FP8PROJ_LOG_LEVEL");

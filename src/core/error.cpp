@@ -4,7 +4,7 @@
 
 namespace fp8proj::detail {
 
-[[noreturn]] void throw_error(const char* file, int line, const std::string& what) {
+std::string located(const char* file, int line, const std::string& what) {
   // Keep the path short: "src/layer/projection.cpp" rather than the build machine's absolute path.
   const char* shown = file;
   for (const char* marker : {"/src/", "/include/", "/tools/", "/tests/", "/bench/"}) {
@@ -13,7 +13,11 @@ namespace fp8proj::detail {
       break;
     }
   }
-  throw Error(concat("fp8proj: ", what, " [", shown, ":", line, "]"));
+  return concat(what, " [", shown, ":", line, "]");
+}
+
+[[noreturn]] void throw_error(const char* file, int line, const std::string& what) {
+  throw Error("fp8proj: " + located(file, line, what));
 }
 
 }  // namespace fp8proj::detail

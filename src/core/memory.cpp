@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "core/device_fault.hpp"
 #include "fp8proj/error.hpp"
 
 #if FP8PROJ_WITH_CUDA
@@ -19,6 +20,7 @@ Buffer::Buffer(MemorySpace space, size_t bytes) : space_(space) {
     ptr_ = std::aligned_alloc(256, round_up(static_cast<int64_t>(bytes), 256));
     FP8PROJ_CHECK(ptr_ != nullptr, "host allocation of ", bytes, " bytes failed");
   } else {
+    check_device_usable();  // no allocation on a context an earlier sticky error left unusable
 #if FP8PROJ_WITH_CUDA
     FP8PROJ_CHECK(gpu_available(), "device allocation of ", bytes, " bytes asked for, but no GPU is available");
     CUDA_CHECK(cudaMalloc(&ptr_, bytes));
@@ -49,6 +51,7 @@ void copy_bytes(void* dst, MemorySpace dst_space, const void* src, MemorySpace s
     std::memcpy(dst, src, bytes);
     return;
   }
+  check_device_usable();
 #if FP8PROJ_WITH_CUDA
   CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
 #else

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/device_fault.hpp"
 #include "fp8proj/device.hpp"
 #include "fp8proj/env.hpp"
 #include "fp8proj/error.hpp"
@@ -54,6 +55,12 @@ struct ProjectionLayer::Impl {
   std::optional<Selector> selector;
 
   ProblemDesc problem(int64_t m, InputLayout input = InputLayout::bf16_rows) const { return {m, n, k, input}; }
+
+  // Device layers: after a sticky CUDA error every call fails with it (core/device_fault.hpp),
+  // M = 0 included, before any work.
+  void check_usable() const {
+    if (space == MemorySpace::device) check_device_usable();
+  }
 
   void check_io(const void* x, int64_t m, const void* y) const {
     FP8PROJ_CHECK(m >= 0, opt.name, ": M must be >= 0, got ", m);
@@ -112,6 +119,7 @@ ProjectionLayer::ProjectionLayer(MemorySpace space, const bf16* weight, int64_t 
                 ": max_tokens must be a positive multiple of 4, got ", s.opt.max_tokens);
   FP8PROJ_CHECK(s.opt.decode_ceiling >= 0, name, ": decode ceiling must be >= 0");
   if (space == MemorySpace::device) {
+    check_device_usable();
     FP8PROJ_CHECK(gpu_available(), name, ": device layer asked for, but ", current_device().why_absent);
     FP8PROJ_CHECK(aligned16(weight), name, ": device weight must be 16-byte aligned");
   }
@@ -195,6 +203,7 @@ ProjectionLayer& ProjectionLayer::operator=(ProjectionLayer&&) noexcept = defaul
 
 void ProjectionLayer::forward(const bf16* x, int64_t m, bf16* y, StreamHandle stream) {
   Impl& s = *impl_;
+  s.check_usable();
   s.check_io(x, m, y);
   const Selection sel = s.selector->select(s.problem(m));
   switch (sel.path) {
@@ -222,6 +231,7 @@ void ProjectionLayer::forward(const bf16* x, int64_t m, bf16* y, StreamHandle st
 void ProjectionLayer::forward_rmsnorm(const bf16* x, int64_t x_stride, const bf16* norm_weight, float eps, int64_t m,
                                       bf16* y, StreamHandle stream) {
   Impl& s = *impl_;
+  s.check_usable();
   s.check_io(x, m, y);
   FP8PROJ_CHECK(m == 0 || norm_weight != nullptr, s.opt.name, ": RMSNorm weight is null");
   FP8PROJ_CHECK(x_stride >= s.k, s.opt.name, ": forward_rmsnorm input row stride ", x_stride, " is below K=", s.k);
@@ -245,6 +255,7 @@ void ProjectionLayer::forward_rmsnorm(const bf16* x, int64_t x_stride, const bf1
 
 void ProjectionLayer::forward_quantized(const Fp8ActivationView& x, bf16* y, StreamHandle stream) {
   Impl& s = *impl_;
+  s.check_usable();
   FP8PROJ_CHECK(s.selector->has_fp8(), s.opt.name, ": forward_quantized needs the FP8 copy, which this layer does not ",
                 "hold (", s.selector->reason_text(s.selector->select(s.problem(std::max<int64_t>(x.m, 1)))), ")");
   FP8PROJ_CHECK(x.k == s.k, s.opt.name, ": quantized input has K=", x.k, ", the layer has K=", s.k);

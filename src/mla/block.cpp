@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 
+#include "core/device_fault.hpp"
 #include "fp8proj/attention.hpp"
 #include "fp8proj/device.hpp"
 #include "fp8proj/error.hpp"
@@ -258,8 +259,16 @@ void MlaBlock::Impl::project_inputs(const Input& in, int64_t tokens, StreamHandl
 namespace {
 void check_space(MemorySpace space, const MlaConfig& config, const MlaOptions& options) {
   config.validate();
-  if (space == MemorySpace::device)
+  if (space == MemorySpace::device) {
+    check_device_usable();
     FP8PROJ_CHECK(gpu_available(), options.name, ": device MLA block asked for, but ", current_device().why_absent);
+  }
+}
+
+// A device block's calls fail at once after a sticky CUDA error (core/device_fault.hpp), before
+// any host work or early return.
+void check_usable(MemorySpace space) {
+  if (space == MemorySpace::device) check_device_usable();
 }
 }  // namespace
 
@@ -281,21 +290,25 @@ MlaBlock& MlaBlock::operator=(MlaBlock&&) noexcept = default;
 
 void MlaBlock::prefill(const bf16* x, const MlaPrefillBatch& batch, bf16* y, StreamHandle stream,
                        const MlaStageHook& hook) {
+  check_usable(impl_->space);
   impl_->prefill(Impl::Input{x}, batch, y, stream, hook);
 }
 
 void MlaBlock::prefill_residual(const bf16* residual, const bf16* norm_weight, float eps, const MlaPrefillBatch& batch,
                                 bf16* y, StreamHandle stream, const MlaStageHook& hook) {
+  check_usable(impl_->space);
   impl_->prefill(impl_->residual_input(residual, norm_weight, eps, "prefill_residual"), batch, y, stream, hook);
 }
 
 void MlaBlock::decode(const bf16* x, const MlaDecodeBatch& batch, bf16* y, StreamHandle stream,
                       const MlaStageHook& hook) {
+  check_usable(impl_->space);
   impl_->decode(Impl::Input{x}, batch, y, stream, hook);
 }
 
 void MlaBlock::decode_residual(const bf16* residual, const bf16* norm_weight, float eps, const MlaDecodeBatch& batch,
                                bf16* y, StreamHandle stream, const MlaStageHook& hook) {
+  check_usable(impl_->space);
   impl_->decode(impl_->residual_input(residual, norm_weight, eps, "decode_residual"), batch, y, stream, hook);
 }
 

@@ -34,6 +34,7 @@
 #include <cuda_runtime.h>
 
 #include "core/cuda_check.hpp"
+#include "core/device_fault.hpp"
 #endif
 
 #ifndef FP8PROJ_NCCL_LIBRARY_HINT
@@ -245,9 +246,12 @@ struct Communicator::Impl {
   }
 
   // Aborts the communicator (after printing the message: if the abort itself blocks, the
-  // reason is already on the screen) and throws it.
+  // reason is already on the screen) and throws it. An NCCL error may be a dead CUDA context
+  // underneath (ncclUnhandledCudaError): then the device-fault latch closes with it too.
   [[noreturn]] void fail(const std::string& message) {
     log(LogLevel::error, message);
+    if (const cudaError_t sticky = sticky_cuda_error_now(); sticky != cudaSuccess)
+      note_cuda_error(sticky, message + " (" + cuda_error_text(sticky) + ")");
     if (comm != nullptr) nccl().CommAbort(comm);
     broken = true;
     comm = nullptr;
@@ -288,7 +292,18 @@ struct Communicator::Impl {
     fail(who() + ": " + what + " failed: " + nccl().GetErrorString(r) + last_error());
   }
 
-  void check_usable(const char* what) const {
+  // After a sticky CUDA error (core/device_fault.hpp) the communicator is aborted, not used: a
+  // collective enqueued on a dead context never completes, and the peers must not wait on it.
+  void check_usable(const char* what) {
+    if (const std::string* fault = device_fault()) [[unlikely]] {
+      if (comm != nullptr) {
+        log(LogLevel::error, who() + ": communicator aborted: the CUDA context is unusable");
+        nccl().CommAbort(comm);
+        comm = nullptr;
+        broken = true;
+      }
+      throw Error(device_unusable_message(*fault));
+    }
     FP8PROJ_CHECK(comm != nullptr && !broken, who(), ": ", what, " on a communicator that was aborted or destroyed");
   }
 
@@ -304,8 +319,9 @@ struct Communicator::Impl {
   void finish_destroy() noexcept {
     if (comm == nullptr) return;
     try {
-      // After a failure elsewhere, finalizing would wait for peers that may never come.
-      if (abort_requested.load()) broken = true;
+      // After a failure elsewhere, finalizing would wait for peers that may never come; on a
+      // dead context (a sticky CUDA error), for collectives that never complete.
+      if (abort_requested.load() || device_fault() != nullptr) broken = true;
       if (!broken) {
         start_finalize();
         wait_ready("finalizing (waiting for the peers to finish their collectives)");
@@ -363,6 +379,7 @@ std::string init_hint(int size) {
 
 std::unique_ptr<Communicator> Communicator::create(const CommId& id, int rank, int size, int device,
                                                    const CommOptions& options) {
+  check_device_usable();
   const NcclApi& api = nccl();
   FP8PROJ_CHECK(size >= 1 && rank >= 0 && rank < size, options.name, ": rank ", rank, " of ", size,
                 " is not a valid rank");
@@ -384,6 +401,7 @@ std::unique_ptr<Communicator> Communicator::create(const CommId& id, int rank, i
 
 std::vector<std::unique_ptr<Communicator>> Communicator::create_local(const std::vector<int>& devices,
                                                                       const CommOptions& options) {
+  check_device_usable();
   const NcclApi& api = nccl();
   const int n = static_cast<int>(devices.size());
   const int visible = visible_devices();
@@ -429,6 +447,7 @@ std::vector<std::unique_ptr<Communicator>> Communicator::create_local(const std:
 }
 
 std::unique_ptr<Communicator> Communicator::create_from_env(const CommOptions& options) {
+  check_device_usable();
   const std::optional<RankEnv> e = rank_env_from_environment();
   FP8PROJ_CHECK(e.has_value(), options.name, ": no rank in the environment; set FP8PROJ_RANK and FP8PROJ_WORLD_SIZE ",
                 "(or launch with torchrun / mpirun / srun) and FP8PROJ_NCCL_ID_FILE or FP8PROJ_NCCL_ID");
@@ -536,8 +555,10 @@ void Communicator::synchronize(StreamHandle stream, std::string_view what) {
       s.fail(s.who() + ": NCCL error while " + w + ": " + nccl().GetErrorString(st) + s.last_error());
     if (q == cudaSuccess) return;
     if (q != cudaErrorNotReady) {
+      const std::string message = s.who() + ": " + cuda_error_text(q) + " while " + w;
+      note_cuda_error(q, message);  // a sticky error closes the device-fault latch
       cudaGetLastError();
-      s.fail(s.who() + ": CUDA error " + cudaGetErrorName(q) + " (" + cudaGetErrorString(q) + ") while " + w);
+      s.fail(message);
     }
     s.check_abort_request(w);
     if (seconds_since(t0) > s.timeout_s)

@@ -3,6 +3,7 @@
 #include <optional>
 #include <string>
 
+#include "core/device_fault.hpp"
 #include "fp8proj/error.hpp"
 #include "fp8proj/log.hpp"
 #include "fp8proj/memory.hpp"
@@ -43,6 +44,15 @@ struct ShardedProjection::Impl {
       options.apply_env = false;
     }
     layer.emplace(space, shard, s.n, s.k, std::move(options));
+  }
+
+  // After a sticky CUDA error (core/device_fault.hpp): the communicator is closed, which aborts
+  // it on a dead context (no collective of this rank is left for the peers to wait on), and the
+  // call fails with the first fault's text.
+  void check_usable() {
+    if (layer->space() != MemorySpace::device || device_fault() == nullptr) return;
+    if (comm != nullptr) comm->close();
+    check_device_usable();
   }
 
   bool needs_reduce(int64_t m) const { return spec.kind == ShardKind::row && spec.size > 1 && m != 0; }
@@ -87,17 +97,20 @@ ShardedProjection::ShardedProjection(ShardedProjection&&) noexcept = default;
 ShardedProjection& ShardedProjection::operator=(ShardedProjection&&) noexcept = default;
 
 void ShardedProjection::forward(const bf16* x, int64_t m, bf16* y, StreamHandle stream) {
+  impl_->check_usable();
   impl_->check_reduce(m);
   impl_->layer->forward(x, m, y, stream);
   impl_->reduce(y, m, stream);
 }
 
 void ShardedProjection::forward_partial(const bf16* x, int64_t m, bf16* y, StreamHandle stream) {
+  impl_->check_usable();
   impl_->layer->forward(x, m, y, stream);
 }
 
 void ShardedProjection::forward_rmsnorm(const bf16* x, int64_t x_stride, const bf16* norm_weight, float eps, int64_t m,
                                         bf16* y, StreamHandle stream) {
+  impl_->check_usable();
   FP8PROJ_CHECK(impl_->spec.kind != ShardKind::row, impl_->layer->name(),
                 ": forward_rmsnorm on a row shard would normalise a slice of the features; ",
                 "normalise the full row before sharding it");

@@ -1,12 +1,20 @@
 // One fault scenario of tests/gpu/test_faults.py in a fresh process (the tuned table is read
-// once per process): builds what a caller builds on a GPU and checks that it works.
-//   fault_probe_layer: an FP8 ProjectionLayer (policy all) on the device, one forward at M=64,
-//                      compared with the bf16 layer.
-//   fault_probe_capi:  fp8proj_fp8_gemm_create / describe / run / destroy (links only the C ABI).
+// once per process; a sticky fault ends the context). FAULT_PROBE_SCENARIO picks it:
+//   (unset)  tuned-table faults: builds what a caller builds on a GPU and checks that it works.
+//            fault_probe_layer: an FP8 ProjectionLayer (policy all) on the device, one forward
+//            at M=64, compared with the bf16 layer. fault_probe_capi: fp8proj_fp8_gemm_create /
+//            describe / run / destroy (links only the C ABI).
+//   sticky   a real sticky CUDA fault (fault_inject.cu), then every library surface of the
+//            variant (fault_probe_sticky.cpp: C++; fault_probe_capi.cpp: the C ABI) must fail
+//            fast with its text.
+//   hang     (layer probe) the real sm90 GEMM kernel launched so that it hangs: the watchdog
+//            must end it with an error naming the kernel (fault_probe_sticky.cpp).
 // Prints "probe ok: ..." and exits 0; exits 77 (skipped) without an sm_90 GPU, saying why;
 // FAULT_PROBE_EXPECT_UNSUPPORTED=1 inverts that: it needs a GPU that is not sm_90.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -14,6 +22,8 @@
 #include <cstring>
 #include <string>
 #include <vector>
+
+#include "fault_probe.hpp"
 
 #ifdef FP8PROJ_PROBE_CAPI
 #include "fp8proj/c_api.h"
@@ -36,6 +46,75 @@ int gpu_major() {
 }
 
 }  // namespace
+
+extern "C" int fp8proj_test_inject_fault(int kind);  // fault_inject.cu
+
+namespace fault_probe {
+
+namespace {
+constexpr double kLimitMs = 2000;  // "fails fast": far above a failed call's microseconds
+}  // namespace
+
+std::string inject_fault() {
+  const char* kind_env = std::getenv("FAULT_PROBE_FAULT");
+  const int kind = kind_env && std::string(kind_env) == "1" ? 1 : 0;
+  const int launched = fp8proj_test_inject_fault(kind);
+  if (launched != 0) {
+    std::printf("probe FAILED: the fault kernel did not launch (CUDA error %d)\n", launched);
+    return "";
+  }
+  const cudaError_t seen = cudaDeviceSynchronize();
+  const std::string name = cudaGetErrorName(seen);
+  std::printf("injected fault %d: the caller's own wait returned %s\n", kind, name.c_str());
+  if (seen == cudaSuccess) {
+    std::printf("probe FAILED: no fault happened\n");
+    return "";
+  }
+  return name;
+}
+
+int check_surfaces(std::vector<Surface> surfaces, const std::string& marker) {
+  if (const char* first = std::getenv("FAULT_PROBE_FIRST")) {
+    auto it = surfaces.begin();
+    while (it != surfaces.end() && it->name.find(first) == std::string::npos) ++it;
+    if (it == surfaces.end()) {
+      std::printf("probe FAILED: no surface matches FAULT_PROBE_FIRST=%s\n", first);
+      return 1;
+    }
+    std::rotate(surfaces.begin(), it, it + 1);
+  }
+  int failures = 0;
+  for (size_t i = 0; i < surfaces.size(); ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::string what;
+    bool threw = false;
+    try {
+      surfaces[i].call();
+    } catch (const std::exception& e) {
+      threw = true;
+      what = e.what();
+    }
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    std::string problem;
+    if (!threw)
+      problem = "returned without an error (no work done, or stale output)";
+    else if (ms > kLimitMs)
+      problem = "took " + std::to_string(static_cast<int>(ms)) + " ms";
+    else if (what.find(marker) == std::string::npos)
+      problem = "the error does not name the fault " + marker;
+    else if (i > 0 && what.find("unusable after an earlier error") == std::string::npos)
+      problem = "not the latched error";
+    if (!problem.empty()) ++failures;
+    std::printf("%s %-44s %7.2f ms  %s%s\n", problem.empty() ? "ok  " : "FAIL", surfaces[i].name.c_str(), ms,
+                problem.empty() ? "" : (problem + ": ").c_str(), what.substr(0, 240).c_str());
+  }
+  if (failures == 0)
+    std::printf("probe ok: %zu surfaces failed fast with the fault's text (%s first)\n", surfaces.size(),
+                surfaces[0].name.c_str());
+  return failures == 0 ? 0 : 1;
+}
+
+}  // namespace fault_probe
 
 int main() {
   const int cc = gpu_major();
@@ -60,6 +139,21 @@ int main() {
   if (!want_unsupported && cc != 90) {
     std::printf("SKIPPED: the FP8 kernels need an sm_90 GPU (this is sm_%d)\n", cc);
     return 77;
+  }
+  const char* scenario_env = std::getenv("FAULT_PROBE_SCENARIO");
+  const std::string scenario = scenario_env ? scenario_env : "";
+  try {
+    if (scenario == "sticky") return fault_probe::sticky_scenario();
+#ifndef FP8PROJ_PROBE_CAPI
+    if (scenario == "hang") return fault_probe::hang_scenario();
+#endif
+  } catch (const std::exception& e) {
+    std::printf("probe FAILED: %s\n", e.what());
+    return 1;
+  }
+  if (!scenario.empty()) {
+    std::printf("probe FAILED: unknown FAULT_PROBE_SCENARIO=%s\n", scenario.c_str());
+    return 2;
   }
   const int64_t n = 256, k = 256, m = 64;
 #ifdef FP8PROJ_PROBE_CAPI

@@ -12,6 +12,7 @@
 
 #include "cuda/common/alignment.hpp"
 #include "core/cuda_check.hpp"
+#include "core/device_fault.hpp"
 #include "cuda/gemm/cublaslt.hpp"
 #include "fp8proj/device.hpp"
 #include "fp8proj/memory.hpp"
@@ -30,6 +31,7 @@ class CublasLtBf16Plan final : public Bf16GemmPlan {
         workspace_(MemorySpace::device, lt::kWorkspaceBytes) {}
 
   void run(const bf16* x, int64_t m, bf16* y, StreamHandle stream) override {
+    check_device_usable();
     check_gemm_bf16_args(x, m, k_, y, max_m_);
     if (m == 0) return;
     FP8PROJ_CHECK(is_aligned16(x) && is_aligned16(y), kName, ": x and y must be 16-byte aligned");

@@ -38,6 +38,7 @@
 
 #include "cuda/common/alignment.hpp"
 #include "core/cuda_check.hpp"
+#include "core/device_fault.hpp"
 #include "cuda/gemm/cublaslt.hpp"
 #include "fp8proj/device.hpp"
 #include "fp8proj/formats.hpp"
@@ -90,6 +91,7 @@ class CublasLtFp8Plan final : public Fp8GemmPlan {
   }
 
   void run(const Fp8ActivationView& x, bf16* y, StreamHandle stream) override {
+    check_device_usable();
     check_gemm_fp8_args(x, k_, y, max_m_);
     if (x.m == 0) return;
     FP8PROJ_CHECK(is_aligned16(x.values) && is_aligned16(x.scales) && is_aligned16(y), kName,

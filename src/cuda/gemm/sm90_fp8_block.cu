@@ -10,12 +10,14 @@
 #include <vector>
 
 #include "core/cuda_check.hpp"
+#include "core/device_fault.hpp"
 #include "cuda/gemm/sm90_fp8_gemm.hpp"
 #include "fp8proj/device.hpp"
 #include "fp8proj/error.hpp"
 #include "fp8proj/selection.hpp"
 #include "gemm/backends.hpp"
 #include "gemm/sm90_plan_configs.hpp"
+#include "gemm/sm90_watchdog.hpp"
 
 namespace fp8proj {
 
@@ -43,6 +45,9 @@ class Sm90Plan final : public Fp8GemmPlan {
  public:
   Sm90Plan(const Fp8WeightView& w, const GemmPlanOptions& o)
       : w_(w), configs_(w.n, w.k, current_device().sm_count, o.max_m, own_configs(o)) {
+    check_device_usable();
+    // Arms the kernels' watchdog now, outside any graph capture a later run() may be part of.
+    (void)sm90::watchdog_params();
     const size_t ws = configs_.workspace_bytes();
     if (ws > 0) {
       CUDA_CHECK(cudaMalloc(&workspace_, ws));

@@ -19,9 +19,11 @@
 #include <vector>
 
 #include "core/cuda_check.hpp"
+#include "core/device_fault.hpp"
 #include "cuda/common/tensor_map.hpp"
 #include "cuda/kernels/sm90_fp8_gemm_1d2d.cuh"
 #include "cuda/kernels/sm90_fp8_gemm_swapab.cuh"
+#include "gemm/sm90_watchdog.hpp"
 
 namespace fp8proj::sm90 {
 
@@ -136,9 +138,13 @@ void launch_1d2d(const Fp8GemmArgs& x, const Config& cfg, int num_sms, cudaStrea
   const auto m32 = static_cast<uint32_t>(x.m), n32 = static_cast<uint32_t>(x.n), k32 = static_cast<uint32_t>(x.k);
   const auto group = static_cast<uint32_t>(raster_group_m(cfg, p));
   const uint32_t evict_first = weight_evict_first(cfg, p) ? 1u : 0u;
+  WatchdogParams watchdog = watchdog_params();
+  watchdog.m = m32;
+  watchdog.n = n32;
+  watchdog.k = k32;
   if constexpr (T::kCluster == 1) {
-    kernel<<<static_cast<unsigned>(g.grid), T::kThreads, smem, stream>>>(maps.a, maps.sfa, maps.b, maps.d,
-                                                                          x.b_scales, m32, n32, k32, group, evict_first);
+    kernel<<<static_cast<unsigned>(g.grid), T::kThreads, smem, stream>>>(
+        maps.a, maps.sfa, maps.b, maps.d, x.b_scales, m32, n32, k32, group, evict_first, watchdog);
     CUDA_CHECK_LAUNCH();
   } else {
     const int clusters = std::min<int64_t>(g.grid / T::kCluster, max_active_clusters(kernel, T::kCluster, T::kThreads, smem));
@@ -154,7 +160,8 @@ void launch_1d2d(const Fp8GemmArgs& x, const Config& cfg, int num_sms, cudaStrea
     attr.val.clusterDim.z = 1;
     lc.attrs = &attr;
     lc.numAttrs = 1;
-    CUDA_CHECK(cudaLaunchKernelEx(&lc, kernel, maps.a, maps.sfa, maps.b, maps.d, x.b_scales, m32, n32, k32, group, evict_first));
+    CUDA_CHECK(cudaLaunchKernelEx(&lc, kernel, maps.a, maps.sfa, maps.b, maps.d, x.b_scales, m32, n32, k32, group,
+                                  evict_first, watchdog));
   }
 }
 
@@ -199,10 +206,15 @@ void launch_swapab(const Fp8GemmArgs& x, const Config& cfg, void* workspace, int
     partials = reinterpret_cast<float*>(static_cast<char*>(workspace) + split_counter_bytes(x.n));
   }
   const auto smem = static_cast<size_t>(smem_bytes(cfg, x.k));
+  WatchdogParams watchdog = watchdog_params();
+  watchdog.m = static_cast<uint32_t>(x.m);
+  watchdog.n = static_cast<uint32_t>(x.n);
+  watchdog.k = static_cast<uint32_t>(x.k);
+  watchdog.split_k = static_cast<uint32_t>(cfg.split_k);
   kernel<<<static_cast<unsigned>(g.grid), T::kThreads, smem, stream>>>(
       maps.a, maps.sfa, maps.b, maps.d, x.b_scales, static_cast<uint32_t>(x.m), static_cast<uint32_t>(x.n),
       static_cast<uint32_t>(x.k), static_cast<uint32_t>(cfg.split_k), counters, partials,
-      reinterpret_cast<uint16_t*>(x.d));
+      reinterpret_cast<uint16_t*>(x.d), watchdog);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -276,6 +288,7 @@ bool launch_instantiated(std::tuple<T...>*, const Fp8GemmArgs& x, const Config& 
 
 void run(const Fp8GemmArgs& x, const Config& cfg, void* workspace, size_t workspace_size, int num_sms,
          cudaStream_t stream) {
+  check_device_usable();
   const Problem p{x.m, x.n, x.k, num_sms};
   check_problem(p);
   if (x.m == 0) return;

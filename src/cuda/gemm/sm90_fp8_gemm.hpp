@@ -33,7 +33,11 @@ struct Fp8GemmArgs {
 // Runs cfg on stream. Throws fp8proj::Error (naming the argument) when N is not a multiple of
 // 16 or K not a multiple of 128, a pointer is null or not 16-byte aligned, a_scale_ld is too small or not a
 // multiple of 4, cfg cannot run this problem, the split-K workspace is missing or too small,
-// or the device is not sm_90. M = 0 returns without launching.
+// or the device is not sm_90; and, before anything else, when an earlier sticky CUDA error left
+// the context unusable (core/device_fault.hpp). M = 0 returns without launching.
+// Each CTA's pipeline is watched by the hang watchdog (gemm/sm90_watchdog.hpp); the first launch
+// of the process arms it (an allocation: make a plan first if that launch may be inside a CUDA
+// graph capture).
 // workspace: workspace_bytes(cfg, m, n, k) bytes (0 => may be null), 16-byte aligned, and
 // zero-filled once when allocated (its tile counters return to zero after every launch).
 // Calls on one workspace must be stream-ordered.

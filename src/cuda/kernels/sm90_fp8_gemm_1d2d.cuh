@@ -53,7 +53,8 @@
 //     kCarry ("_c" configurations) goes further: each warpgroup issues
 //     K block 0 of its next tile before storing this one, and promotes it (scale-block
 //     boundary chosen at run time) after the epilogue.
-//   Pipeline: kStages full/empty mbarrier pairs; see ptx/mbarrier.cuh for the protocol. An L2
+//   Pipeline: kStages full/empty mbarrier pairs; see ptx/mbarrier.cuh for the protocol. An idle
+//     thread of the producer warpgroup watches them for a hang (run_watchdog, sm90_fp8_common.cuh). An L2
 //     prefetch (cp.async.bulk.prefetch.tensor) of the K block a pipeline depth ahead was
 //     measured at 0.77x: the extra L2 requests cost more than the latency they hide
 //     (docs/kernels.md). Starting every other CTA half a tile late, so that tile
@@ -147,7 +148,7 @@ struct Gemm1d2dTraits {
                 "a tile may touch at most two 128-column B-scale blocks");
   static_assert(kOffA % 1024 == 0 && kSmemA % 1024 == 0 && kSmemB % 1024 == 0,
                 "128B-swizzled tiles must start on 1024-byte boundaries");
-  static_assert(2 * kStages * 8 <= 256, "barrier region holds 2 x kStages mbarriers");
+  static_assert(2 * kStages * 8 <= kWatchdogDoneOffset, "barrier region: 2 x kStages mbarriers, then the watchdog's");
   static_assert(kProducerRegs * 128 + kMathRegs * kMathThreads <= 65536, "register file: 64K per SM");
 };
 
@@ -192,7 +193,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
                               const __grid_constant__ CUtensorMap tmap_b,
                               const __grid_constant__ CUtensorMap tmap_d,
                               const float* __restrict__ b_scales, uint32_t m, uint32_t n, uint32_t k,
-                              uint32_t group_m, uint32_t b_evict_first) {
+                              uint32_t group_m, uint32_t b_evict_first, const WatchdogParams watchdog) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int BLOCK_M = T::BLOCK_M;
   constexpr int BLOCK_N = T::BLOCK_N;
@@ -202,6 +203,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   extern __shared__ __align__(1024) uint8_t smem[];
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + T::kOffBar);
   uint64_t* empty = full + kStages;
+  uint64_t* done = reinterpret_cast<uint64_t*>(smem + T::kOffBar + kWatchdogDoneOffset);  // run_watchdog
 
   const uint32_t warp = __shfl_sync(0xffffffffu, threadIdx.x / 32, 0);  // warp-uniform
   const uint32_t lane = threadIdx.x % 32;
@@ -210,7 +212,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 
   // Empty barriers count the consumer warps of every CTA the stage's shared tile reaches.
   if (threadIdx.x == T::kMathThreads)
-    init_tma_pipeline<kStages>(smem, &tmap_a, &tmap_sfa, &tmap_b, &tmap_d, full, empty, T::kMathWGs * 4 * T::kCluster);
+    init_tma_pipeline<kStages>(smem, &tmap_a, &tmap_sfa, &tmap_b, &tmap_d, full, empty, T::kMathWGs * 4 * T::kCluster,
+                               done, T::kMathWGs);
   if constexpr (T::kCluster > 1)
     ptx::cluster_sync();  // the peer's barriers are initialised before any multicast or remote arrive
   else
@@ -279,6 +282,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           }
         }
       }
+    } else if (threadIdx.x == T::kMathThreads + 32) {
+      run_watchdog<T>(watchdog, full, done);  // an idle thread of this warpgroup
     }
   } else {
     // ---------------- consumer warpgroups ----------------
@@ -582,6 +587,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       }
     }
     if (tid == 0) ptx::bulk_wait_group_read<0>();  // see tma.cuh
+    if (tid == 0) ptx::mbarrier_arrive(done);          // this warpgroup is done: run_watchdog stops
   }
   // No CTA may leave while its peer can still multicast into its shared memory or arrive on
   // its barriers: every thread of both CTAs meets here.

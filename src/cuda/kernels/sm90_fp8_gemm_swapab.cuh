@@ -96,7 +96,8 @@ struct SwapABTraits {
 
   static_assert(BLOCK_TOK % 16 == 0 && BLOCK_TOK <= 128, "token tile: WGMMA N in {16, 32, 64, 128}");
   static_assert(kSmemTok % 1024 == 0 && kOffW % 1024 == 0, "128B-swizzled tiles start on 1024-byte boundaries");
-  static_assert(2 * kStages * 8 + 4 <= 256, "barrier region holds 2 x kStages mbarriers and a flag");
+  static_assert(2 * kStages * 8 + 4 <= kWatchdogDoneOffset,
+                "barrier region: 2 x kStages mbarriers and a flag, then the watchdog's");
   static_assert(kAcc % 4 == 0, "partials are stored as float4");
   static_assert(BLOCK_W == 128 || BLOCK_W == 64, "weight tile: 2 x 64 rows, or 64 rows with K split between the WGs");
 };
@@ -109,7 +110,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
                                 const __grid_constant__ CUtensorMap tmap_d,
                                 const float* __restrict__ b_scales, uint32_t m, uint32_t n, uint32_t k,
                                 uint32_t split_k, uint32_t* __restrict__ tile_counters,
-                                float* __restrict__ partials, uint16_t* __restrict__ d_out) {
+                                float* __restrict__ partials, uint16_t* __restrict__ d_out,
+                                const WatchdogParams watchdog) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int BLOCK_TOK = T::BLOCK_TOK;
   constexpr int BLOCK_W = T::BLOCK_W;
@@ -119,6 +121,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   extern __shared__ __align__(1024) uint8_t smem[];
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + T::kOffBar);
   uint64_t* empty = full + kStages;
+  uint64_t* done = reinterpret_cast<uint64_t*>(smem + T::kOffBar + kWatchdogDoneOffset);  // run_watchdog
   volatile uint32_t* last_flag = reinterpret_cast<volatile uint32_t*>(smem + T::kOffFlag);
   float* sfb = reinterpret_cast<float*>(smem + T::kOffSfb);
 
@@ -128,7 +131,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   if (T::kAltK && split_k > 1) __trap();  // launcher bug (no split-K for 64-row tiles): never a wrong result
 
   if (threadIdx.x == T::kMathThreads)
-    init_tma_pipeline<kStages>(smem, &tmap_a, &tmap_sfa, &tmap_b, &tmap_d, full, empty, T::kEmptyArrivals);
+    init_tma_pipeline<kStages>(smem, &tmap_a, &tmap_sfa, &tmap_b, &tmap_d, full, empty, T::kEmptyArrivals, done,
+                               T::kMathWGs);
   __syncthreads();
 
   const SplitKUnitScheduler sched(m, n, k, BLOCK_TOK, BLOCK_W, split_k);
@@ -162,6 +166,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           advance();
         }
       }
+    } else if (threadIdx.x == T::kMathThreads + 32) {
+      run_watchdog<T>(watchdog, full, done);  // an idle thread of this warpgroup
     }
   } else {
     // ---------------- consumer warpgroups ----------------
@@ -327,6 +333,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       }
     }
     if (threadIdx.x == 0) ptx::bulk_wait_group_read<0>();  // see tma.cuh
+    if (threadIdx.x % 128 == 0) ptx::mbarrier_arrive(done);  // this warpgroup is done: run_watchdog stops
   }
 #elif defined(__CUDA_ARCH__)
   __trap();  // built for a target without wgmma/setmaxnreg: fail loudly, never return garbage

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include "core/cuda_check.hpp"
+#include "core/device_fault.hpp"
 #include "fp8proj/error.hpp"
 #include "fp8proj/mla.hpp"
 
@@ -23,6 +24,7 @@ struct MlaDecodeGraph::Impl {
 
 MlaDecodeGraph::MlaDecodeGraph(MlaBlock& block, const bf16* x, const MlaDecodeBatch& batch, bf16* y)
     : impl_(std::make_unique<Impl>()) {
+  check_device_usable();
   FP8PROJ_CHECK(block.space() == MemorySpace::device, block.options().name,
                 ": MlaDecodeGraph captures device work; this block lives on the host");
   FP8PROJ_CHECK(batch.batch > 0, block.options().name, ": MlaDecodeGraph needs a batch of at least one sequence");
@@ -50,6 +52,7 @@ MlaDecodeGraph::MlaDecodeGraph(MlaBlock& block, const bf16* x, const MlaDecodeBa
 MlaDecodeGraph::~MlaDecodeGraph() = default;
 
 void MlaDecodeGraph::replay(StreamHandle stream) {
+  check_device_usable();  // a replay on a dead context would only return its error
   CUDA_CHECK(cudaGraphLaunch(impl_->exec, static_cast<cudaStream_t>(stream)));
 }
 

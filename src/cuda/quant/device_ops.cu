@@ -1,10 +1,12 @@
-// QuantOps for MemorySpace::device (include/fp8proj/ops.hpp): checks the arguments on the host,
+// QuantOps for MemorySpace::device (include/fp8proj/ops.hpp): checks the arguments on the host
+// (and, first, that no sticky CUDA error left the context unusable: core/device_fault.hpp),
 // then launches the kernels of src/cuda/quant/ on the caller's stream. No allocation and no
 // synchronisation (except synchronize()), so every call can be captured in a CUDA graph.
 #include <cstdint>
 
 #include "cuda/common/alignment.hpp"
 #include "core/cuda_check.hpp"
+#include "core/device_fault.hpp"
 #include "cuda/quant/quant_kernels.hpp"
 #include "fp8proj/error.hpp"
 #include "fp8proj/ops.hpp"
@@ -52,6 +54,7 @@ class DeviceQuantOps final : public QuantOps {
 
   void quantize_activation(const bf16* x, int64_t m, int64_t k, Fp8ActivationOut out, ScaleMode mode,
                            StreamHandle stream) const override {
+    check_device_usable();
     check_activation_args(x, m, k, out);
     if (m == 0) return;
     check_rows(m);
@@ -62,6 +65,7 @@ class DeviceQuantOps final : public QuantOps {
 
   void rmsnorm(const bf16* x, int64_t x_stride, const bf16* weight, float eps, int64_t m, int64_t k, bf16* y,
                StreamHandle stream) const override {
+    check_device_usable();
     FP8PROJ_CHECK(m >= 0 && k > 0 && k % 8 == 0, "rmsnorm needs M >= 0 and K a positive multiple of 8, got M=", m,
                   " K=", k);
     if (m == 0) return;
@@ -75,6 +79,7 @@ class DeviceQuantOps final : public QuantOps {
 
   void rmsnorm_quantize(const bf16* x, int64_t x_stride, const bf16* weight, float eps, int64_t m, int64_t k,
                         Fp8ActivationOut out, StreamHandle stream) const override {
+    check_device_usable();
     check_activation_args(x, m, k, out);
     if (m == 0) return;
     FP8PROJ_CHECK(k <= gpu::kMaxRmsnormQuantK, "fused rmsnorm+quantize supports K <= ", gpu::kMaxRmsnormQuantK,
@@ -89,6 +94,7 @@ class DeviceQuantOps final : public QuantOps {
 
   void quantize_weight(const bf16* w, int64_t n, int64_t k, Fp8WeightOut out, ScaleMode mode,
                        StreamHandle stream) const override {
+    check_device_usable();
     check_weight_args(w, n, k, out);
     check_aligned(w, "weight");
     check_aligned(out.values, "FP8 weight values");
@@ -97,7 +103,10 @@ class DeviceQuantOps final : public QuantOps {
     gpu::launch_weight_quant(w, n, k, out, mode, as_cuda(stream));
   }
 
-  void synchronize(StreamHandle stream) const override { CUDA_CHECK(cudaStreamSynchronize(as_cuda(stream))); }
+  void synchronize(StreamHandle stream) const override {
+    check_device_usable();
+    CUDA_CHECK(cudaStreamSynchronize(as_cuda(stream)));
+  }
 };
 
 }  // namespace

@@ -56,4 +56,43 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
       : "memory");
 }
 
+// The parity of the barrier's current phase, without waiting: test_wait.parity(0) is true
+// once phase 0, 2, 4, ... has completed, i.e. while an odd phase is the current one.
+__device__ __forceinline__ uint32_t mbarrier_current_parity(const uint64_t* bar) {
+  uint32_t odd;
+  asm volatile(
+      "{\n"
+      ".reg .pred P1;\n"
+      "mbarrier.test_wait.parity.shared::cta.b64 P1, [%1], 0;\n"
+      "selp.u32 %0, 1, 0, P1;\n"
+      "}\n"
+      : "=r"(odd)
+      : "r"(smem_addr(bar))
+      : "memory");
+  return odd;
+}
+
+// One try_wait with a suspend-time hint: true when the phase with the given parity has
+// completed, false when the hint (or a shorter, hardware-chosen time) passed first.
+__device__ __forceinline__ bool mbarrier_try_wait_for(const uint64_t* bar, uint32_t parity, uint32_t hint_ns) {
+  uint32_t done;
+  asm volatile(
+      "{\n"
+      ".reg .pred P1;\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 P1, [%1], %2, %3;\n"
+      "selp.u32 %0, 1, 0, P1;\n"
+      "}\n"
+      : "=r"(done)
+      : "r"(smem_addr(bar)), "r"(parity), "r"(hint_ns)
+      : "memory");
+  return done != 0;
+}
+
+// Nanoseconds of the GPU's global timer (PTX %globaltimer).
+__device__ __forceinline__ uint64_t globaltimer_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
 }  // namespace fp8proj::sm90::ptx

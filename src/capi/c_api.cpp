@@ -337,7 +337,7 @@ int fp8proj_quantize_weight(const void* w, int64_t n, int64_t k, void* values, f
 
 int fp8proj_quantize_activation_scaled(const void* x, int64_t x_stride, int64_t m, int64_t k, int scale_format,
                                        void* values, float* scales, int64_t scale_ld, void* stream) {
-  return fp8proj::guarded([&] {
+  return fp8proj::guarded_gpu([&] {
     const fp8proj::ScaleMode mode = fp8proj::scale_mode_of(scale_format, "scale_format");
     fp8proj::quantize_activation(x, x_stride, m, k, values, scales, scale_ld, stream, mode);
   });
@@ -345,7 +345,7 @@ int fp8proj_quantize_activation_scaled(const void* x, int64_t x_stride, int64_t 
 
 int fp8proj_quantize_weight_scaled(const void* w, int64_t n, int64_t k, int scale_format, void* values, float* scales,
                                    void* stream) {
-  return fp8proj::guarded([&] {
+  return fp8proj::guarded_gpu([&] {
     const fp8proj::ScaleMode mode = fp8proj::scale_mode_of(scale_format, "scale_format");
     fp8proj::quantize_weight(w, n, k, values, scales, stream, mode);
   });

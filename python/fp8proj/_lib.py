@@ -151,6 +151,13 @@ def device_fault() -> Optional[str]:
     return FAULT
 
 
+def check_device_fault(what: str) -> None:
+    """Raises DeviceFaultError when the library has latched a dead CUDA context (one C call):
+    for paths that would otherwise run torch's own kernels on it and fail with torch's text."""
+    if device_fault() is not None:
+        raise_if_device_fault(what)
+
+
 def raise_if_device_fault(what: str) -> None:
     """Raises DeviceFaultError once a C call has reported a dead CUDA context (a global read)."""
     if FAULT is not None:

@@ -199,6 +199,8 @@ class Fp8CheckpointLinear(nn.Module):
     # -- forward ---------------------------------------------------------------------------------
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self._fp8 or x.dtype != torch.bfloat16 or (torch.is_grad_enabled() and x.requires_grad):
+            if x.is_cuda and not torch.compiler.is_compiling():
+                _lib.check_device_fault(self.name)
             return self._reference(x)
         x2 = x.reshape(-1, self.in_features)
         if not x2.is_contiguous():

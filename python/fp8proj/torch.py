@@ -257,6 +257,8 @@ class Fp8ProjLinear(_GatedBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self._fp8 or x.dtype != _BF16 or _wants_grad(x, self.weight):
+            if self._fp8 and x.is_cuda and not torch.compiler.is_compiling():  # a dead context is ours to name
+                _lib.check_device_fault(self.name)
             return F.linear(x, self.weight, self.bias)
         x = x.contiguous()
         if torch.compiler.is_compiling():
@@ -332,6 +334,8 @@ class Fp8ProjRMSNormLinear(_GatedBase):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         nw = self._norm.weight
         if not self._fp8 or x.dtype != _BF16 or nw.dtype != _BF16 or _wants_grad(x, self.weight, nw):
+            if self._fp8 and x.is_cuda and not torch.compiler.is_compiling():
+                _lib.check_device_fault(self.name)
             return F.linear(self._norm(x), self.weight, self.bias)
         if x.stride(-1) != 1:
             x = x.contiguous()

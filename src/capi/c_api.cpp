@@ -121,7 +121,7 @@ void create(const void* w_values, const float* w_scales, int64_t n, int64_t k, i
             fp8proj_fp8_gemm** out) {
   FP8PROJ_CHECK(out != nullptr, "out (the handle's address) is null");
   *out = nullptr;
-  check_device_usable();
+  check_context_alive();  // making a plan may not touch the context: it must not succeed on a dead one
   const std::string shape_reason = fp8_block_shape_reason(n, k);
   FP8PROJ_CHECK(shape_reason.empty(), "weight shape ", n, "x", k, ": ", shape_reason);
   FP8PROJ_CHECK(max_m > 0, "max_m must be > 0, got ", max_m);
@@ -239,7 +239,7 @@ void projection_create(const void* weight, int64_t n, int64_t k, const fp8proj_p
                        fp8proj_projection** out, ScaleMode weight_scales = ScaleMode::ue8m0) {
   FP8PROJ_CHECK(out != nullptr, "out (the handle's address) is null");
   *out = nullptr;
-  check_device_usable();
+  check_context_alive();
   const fp8proj_projection_options o = options ? *options : default_projection_options();
   ProjectionOptions po;
   if (o.name && *o.name) po.name = o.name;
@@ -355,7 +355,7 @@ int fp8proj_workspace_create(int64_t max_tokens, int64_t max_k, int with_bf16_ro
   return fp8proj::guarded([&] {
     FP8PROJ_CHECK(out != nullptr, "out (the handle's address) is null");
     *out = nullptr;
-    fp8proj::check_device_usable();
+    fp8proj::check_context_alive();
     FP8PROJ_CHECK(max_tokens > 0 && max_tokens % 4 == 0, "max_tokens must be a positive multiple of 4, got ",
                   max_tokens);
     FP8PROJ_CHECK(max_k > 0 && max_k % 128 == 0, "max_k must be a positive multiple of 128, got ", max_k);

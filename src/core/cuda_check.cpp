@@ -40,6 +40,11 @@ cudaError_t sticky_cuda_error_now() noexcept {
   return cudaSuccess;
 }
 
+void check_context_alive() {
+  check_device_usable();
+  if (const cudaError_t e = sticky_cuda_error_now(); e != cudaSuccess) CUDA_CHECK(e);
+}
+
 std::string cuda_error_text(cudaError_t status) {
   return detail::concat("CUDA error ", cudaGetErrorName(status), " (", cudaGetErrorString(status), ")");
 }

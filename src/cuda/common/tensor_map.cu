@@ -35,6 +35,10 @@ CUtensorMap make_tensor_map_2d(CUtensorMapDataType dtype, const void* base, uint
   const CUresult r = encode_fn()(&map, dtype, 2, const_cast<void*>(base), dims, strides, box, elem_strides,
                                  CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  // The driver answers a dead context with its sticky error (700 after an illegal address): that
+  // is the fault to report (and latch), not a bad tensor geometry.
+  if (r != CUDA_SUCCESS)
+    if (const cudaError_t sticky = sticky_cuda_error_now(); sticky != cudaSuccess) CUDA_CHECK(sticky);
   FP8PROJ_CHECK(r == CUDA_SUCCESS, "cuTensorMapEncodeTiled failed (CUresult ", static_cast<int>(r), ") for ", what,
                 ": dims {", inner, ", ", outer, "}, row stride ", row_bytes, " B, box {", box_inner, ", ",
                 box_outer, "}");

@@ -220,7 +220,7 @@ want sanitize && command -v compute-sanitizer >/dev/null && {
 want sanitize_matrix && command -v compute-sanitizer >/dev/null && [ -x "$BIN/sm90_fp8_gemm_harness" ] && \
   run sanitize_matrix "${SANITIZE_MATRIX_S:-480}" python3 scripts/sanitize_matrix.py --harness "$BIN/sm90_fp8_gemm_harness" \
     --gpu-tests "$BIN/fp8proj_gpu_tests" --out "$R/sanitize_matrix" --jobs "${SANITIZE_JOBS:-12}" \
-    --timeout "${SANITIZE_MATRIX_S:-480}"
+    --timeout "${SANITIZE_JOB_S:-240}"
 # soak: `fp8proj soak` for SOAK_MINUTES (default 4) from SOAK_SEED (default 1): seeded random
 # shapes, M, paths, sm90 configurations, streams, CUDA graphs and L2 flushes, every output checked
 # (docs/robustness.md, "The soak"); SOAK_ARGS adds options, e.g. the hammer on one launch

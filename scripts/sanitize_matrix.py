@@ -115,7 +115,7 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--tools", default="racecheck,synccheck,initcheck,memcheck")
     ap.add_argument("--jobs", type=int, default=12)
-    ap.add_argument("--timeout", type=int, default=400)
+    ap.add_argument("--timeout", type=int, default=240, help="seconds per sanitizer run")
     ap.add_argument("--only", default="", help="comma list: restrict to these configurations / families (tests)")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
@@ -124,7 +124,8 @@ def main():
     env["FP8PROJ_WATCHDOG_MS"] = "0"  # the tools stretch barrier waits far past any watchdog bound
 
     family = subprocess.run([a.harness, "--list-configs"], stdout=subprocess.PIPE, text=True, check=True).stdout.split()
-    jobs = []  # (row label, tool, cmd, log)
+    jobs = []  # (row label, problems, tool, cmd, log): the GPU-test families first, the longest runs
+    gemm_jobs = []
     for base in family:
         for name, probs in problems_for(base):
             mnk = [x for p in probs for x in ("--mnk", ",".join(map(str, p)))]
@@ -132,7 +133,7 @@ def main():
                 log = os.path.join(a.out, f"{tool}__{name}.log")
                 cmd = ["compute-sanitizer", "--tool", tool, "--print-limit", "200", "--error-exitcode", "9",
                        a.harness, "--no-timing", "--config", name] + mnk
-                jobs.append((name, "; ".join("x".join(map(str, p)) for p in probs), tool, cmd, log))
+                gemm_jobs.append((name, "; ".join("x".join(map(str, p)) for p in probs), tool, cmd, log))
     for label, filt in TEST_FAMILIES:
         for tool in tools:
             safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", label)
@@ -140,6 +141,7 @@ def main():
             cmd = ["compute-sanitizer", "--tool", tool, "--print-limit", "200", "--error-exitcode", "9",
                    a.gpu_tests, f"--gtest_filter={filt}-*Speed*:*Bandwidth*:*HardwareCvt*"]
             jobs.append((label, "GPU tests: " + filt, tool, cmd, log))
+    jobs += gemm_jobs
     if a.only:
         keep = set(a.only.split(","))
         jobs = [j for j in jobs if j[0] in keep]

@@ -71,9 +71,10 @@ struct WatchdogRecord {
   uint64_t waited_ns;              // %globaltimer time since any of those barriers last changed phase
 };
 
-// The kernels' parameter. record == nullptr or timeout_ns == 0 (FP8PROJ_WATCHDOG_MS=0): the
-// watchdog thread returns at once and a hung kernel hangs. The launcher fills in the problem
-// for the record.
+// The kernels' parameter. record == nullptr or timeout_ns == 0 (FP8PROJ_WATCHDOG_MS=0, the
+// default): the launcher runs the kernels built without the watchdog (watchdog_armed), whose
+// code is that of the kernels before it, and a hung kernel hangs. The launcher fills in the
+// problem for the record.
 struct WatchdogParams {
   WatchdogRecord* record = nullptr;
   uint64_t timeout_ns = 0;
@@ -98,6 +99,8 @@ std::string format_watchdog_record(const WatchdogRecord& r, uint64_t timeout_ns)
 // Sm90Plan does; later calls only read. When the allocation fails the watchdog is off, said
 // once in the log.
 WatchdogParams watchdog_params();
+// Whether a launch with these parameters runs the kernel built with the watchdog.
+inline bool watchdog_armed(const WatchdogParams& p) { return p.record != nullptr && p.timeout_ns != 0; }
 // "" until a kernel has written the record, then format_watchdog_record of it.
 std::string watchdog_report();
 

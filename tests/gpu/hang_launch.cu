@@ -40,7 +40,7 @@ void launch_hanging_gemm(cudaStream_t stream) {
                                                CU_TENSOR_MAP_SWIZZLE_128B, "B (half box)");
   const CUtensorMap map_d = make_tensor_map_2d(CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, d, n, m, n * 2, T::kDSlabCols,
                                                T::kDStoreRows, CU_TENSOR_MAP_SWIZZLE_128B, "D");
-  auto kernel = sm90::kernels::sm90_fp8_gemm_1d2d_kernel<T>;
+  auto kernel = sm90::kernels::sm90_fp8_gemm_1d2d_kernel<T, true>;  // the build with the watchdog
   sm90::Config cfg;  // m128n128_ws2_st5
   const auto smem = static_cast<size_t>(sm90::smem_bytes(cfg, k));
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));

@@ -22,6 +22,10 @@
    desc[..]`). Without it the weight stream evicts the L2's dirty lines and pays their
    write-backs (7-16% at small M on an H200). (The 1d2d kernels also have a load without
    it, taken when the host's weight_evict_first() says the weight stays in the L2.)
+6. Every GEMM kernel is built twice, with and without the hang watchdog (the kernel template's
+   kWatchdog; FP8PROJ_WATCHDOG_MS picks), and only the watchdog builds contain its code (a
+   %globaltimer read): the default kernels must stay the code they were before it (the watchdog
+   builds measured 2.6% slower, docs/robustness.md).
 
 cuobjdump comes with the CUDA toolkit or from PyPI (nvidia-cuda-cuobjdump +
 nvidia-cuda-nvdisasm, installed by scripts/setup-deps.sh). Without it the test exits 77,
@@ -132,9 +136,28 @@ def main():
         for name in no_policy:
             print("FAIL: no TMA load with an L2 cache policy (the evict-first weight load) in", name)
         return 1
+    watched = {}
+    for b in gemm:
+        name = b.split("\n", 1)[0]
+        m = re.search(r"Lb([01])EEEv14CUtensorMap", name)
+        if not m:
+            print("FAIL: no kWatchdog template argument in", name)
+            return 1
+        on = m.group(1) == "1"
+        if on != ("GLOBALTIMER" in b):
+            print(f"FAIL: {name}: kWatchdog={int(on)} but {'no' if on else 'a'} %globaltimer read in its SASS")
+            return 1
+        key = name[: m.start()]
+        watched.setdefault(key, set()).add(on)
+    single = [k for k, v in watched.items() if v != {False, True}]
+    if single:
+        for k in single:
+            print("FAIL: not built both with and without the watchdog:", k)
+        return 1
     n_carry = sum(carries(b.split("\n", 1)[0]) for b in gemm)
     print(f"OK: {len(funcs)} kernels with zero stack/local memory; {len(gemm)} FP8 GEMM kernels use QGMMA; "
-          f"{n_carry} carry a K block through their epilogue; all load the weight with an L2 policy")
+          f"{n_carry} carry a K block through their epilogue; all load the weight with an L2 policy; "
+          f"{len(watched)} built with and without the watchdog")
     return 0
 
 

@@ -125,9 +125,12 @@ void launch_1d2d(const Fp8GemmArgs& x, const Config& cfg, int num_sms, cudaStrea
   static_assert(T::kSmemFixed == smem_fixed_bytes(KernelKind::kGemm1d2d, T::BLOCK_M, T::BLOCK_N, T::kStages),
                 "kernel shared-memory layout and heuristic disagree");
   static_assert(T::kSfbRows == b_scale_rows(T::BLOCK_N), "B-scale rows: kernel and heuristic disagree");
-  static std::atomic<uint64_t> smem_set{0};
-  auto kernel = kernels::sm90_fp8_gemm_1d2d_kernel<T>;
-  ensure_max_smem(kernel, smem_set);
+  // Each kernel exists twice: with the hang watchdog (FP8PROJ_WATCHDOG_MS > 0) and without it.
+  WatchdogParams watchdog = watchdog_params();
+  const bool watched = watchdog_armed(watchdog);
+  static std::atomic<uint64_t> smem_set[2] = {0, 0};
+  auto kernel = watched ? kernels::sm90_fp8_gemm_1d2d_kernel<T, true> : kernels::sm90_fp8_gemm_1d2d_kernel<T, false>;
+  ensure_max_smem(kernel, smem_set[watched]);
 
   const Problem p{x.m, x.n, x.k, num_sms};
   const TileGrid g = tile_grid(cfg, p);
@@ -138,7 +141,6 @@ void launch_1d2d(const Fp8GemmArgs& x, const Config& cfg, int num_sms, cudaStrea
   const auto m32 = static_cast<uint32_t>(x.m), n32 = static_cast<uint32_t>(x.n), k32 = static_cast<uint32_t>(x.k);
   const auto group = static_cast<uint32_t>(raster_group_m(cfg, p));
   const uint32_t evict_first = weight_evict_first(cfg, p) ? 1u : 0u;
-  WatchdogParams watchdog = watchdog_params();
   watchdog.m = m32;
   watchdog.n = n32;
   watchdog.k = k32;
@@ -191,9 +193,11 @@ void launch_swapab(const Fp8GemmArgs& x, const Config& cfg, void* workspace, int
   static_assert(T::kSmemFixed == smem_fixed_bytes(KernelKind::kSwapAB, T::BLOCK_TOK, T::BLOCK_W, T::kStages),
                 "kernel shared-memory layout and heuristic disagree");
   static_assert(T::kAltK == swap_ab_k_split(KernelKind::kSwapAB, T::BLOCK_W), "kernel and heuristic disagree on kAltK");
-  static std::atomic<uint64_t> smem_set{0};
-  auto kernel = kernels::sm90_fp8_gemm_swapab_kernel<T>;
-  ensure_max_smem(kernel, smem_set);
+  WatchdogParams watchdog = watchdog_params();
+  const bool watched = watchdog_armed(watchdog);
+  static std::atomic<uint64_t> smem_set[2] = {0, 0};
+  auto kernel = watched ? kernels::sm90_fp8_gemm_swapab_kernel<T, true> : kernels::sm90_fp8_gemm_swapab_kernel<T, false>;
+  ensure_max_smem(kernel, smem_set[watched]);
 
   const Problem p{x.m, x.n, x.k, num_sms};
   const TileGrid g = tile_grid(cfg, p);
@@ -206,7 +210,6 @@ void launch_swapab(const Fp8GemmArgs& x, const Config& cfg, void* workspace, int
     partials = reinterpret_cast<float*>(static_cast<char*>(workspace) + split_counter_bytes(x.n));
   }
   const auto smem = static_cast<size_t>(smem_bytes(cfg, x.k));
-  WatchdogParams watchdog = watchdog_params();
   watchdog.m = static_cast<uint32_t>(x.m);
   watchdog.n = static_cast<uint32_t>(x.n);
   watchdog.k = static_cast<uint32_t>(x.k);

@@ -19,8 +19,9 @@ namespace fp8proj::sm90::kernels {
 // patterns are functions of the shared address), prefetches the four TMA descriptors and
 // initialises the kStages full/empty mbarrier pairs -- full: one arrival (the producer's
 // expect_tx); empty: `empty_arrivals` (lane 0 of every consumer warp that reads the stage) --
-// and the watchdog's `done` barrier (one arrival per consumer warpgroup, run_watchdog below).
-template <int kStages>
+// and, in the kernels built with the watchdog, its `done` barrier (one arrival per consumer
+// warpgroup, run_watchdog below).
+template <int kStages, bool kWatchdog>
 __device__ __forceinline__ void init_tma_pipeline(const uint8_t* smem, const CUtensorMap* tmap_a,
                                                   const CUtensorMap* tmap_sfa, const CUtensorMap* tmap_b,
                                                   const CUtensorMap* tmap_d, uint64_t* full, uint64_t* empty,
@@ -35,7 +36,7 @@ __device__ __forceinline__ void init_tma_pipeline(const uint8_t* smem, const CUt
     ptx::mbarrier_init(full + s, 1);
     ptx::mbarrier_init(empty + s, empty_arrivals);
   }
-  ptx::mbarrier_init(done, done_arrivals);
+  if constexpr (kWatchdog) ptx::mbarrier_init(done, done_arrivals);  // kernels built with the watchdog
   ptx::mbarrier_init_fence();
 }
 

@@ -186,7 +186,7 @@ __device__ __forceinline__ void promote(float (&acc)[kAcc], const float (&part)[
   }
 }
 
-template <class T>
+template <class T, bool kWatchdog>
 __global__ void __launch_bounds__(T::kThreads, 1)
     sm90_fp8_gemm_1d2d_kernel(const __grid_constant__ CUtensorMap tmap_a,
                               const __grid_constant__ CUtensorMap tmap_sfa,
@@ -203,7 +203,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   extern __shared__ __align__(1024) uint8_t smem[];
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + T::kOffBar);
   uint64_t* empty = full + kStages;
-  uint64_t* done = reinterpret_cast<uint64_t*>(smem + T::kOffBar + kWatchdogDoneOffset);  // run_watchdog
+  // The watchdog's barrier (run_watchdog), only in the kernels built with it (kWatchdog).
+  uint64_t* done = reinterpret_cast<uint64_t*>(smem + T::kOffBar + kWatchdogDoneOffset);
 
   const uint32_t warp = __shfl_sync(0xffffffffu, threadIdx.x / 32, 0);  // warp-uniform
   const uint32_t lane = threadIdx.x % 32;
@@ -212,7 +213,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 
   // Empty barriers count the consumer warps of every CTA the stage's shared tile reaches.
   if (threadIdx.x == T::kMathThreads)
-    init_tma_pipeline<kStages>(smem, &tmap_a, &tmap_sfa, &tmap_b, &tmap_d, full, empty, T::kMathWGs * 4 * T::kCluster,
+    init_tma_pipeline<kStages, kWatchdog>(smem, &tmap_a, &tmap_sfa, &tmap_b, &tmap_d, full, empty, T::kMathWGs * 4 * T::kCluster,
                                done, T::kMathWGs);
   if constexpr (T::kCluster > 1)
     ptx::cluster_sync();  // the peer's barriers are initialised before any multicast or remote arrive
@@ -282,8 +283,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           }
         }
       }
-    } else if (threadIdx.x == T::kMathThreads + 32) {
-      run_watchdog<T>(watchdog, full, done);  // an idle thread of this warpgroup
+    } else if constexpr (kWatchdog) {
+      if (threadIdx.x == T::kMathThreads + 32) run_watchdog<T>(watchdog, full, done);  // an idle thread of this warpgroup
     }
   } else {
     // ---------------- consumer warpgroups ----------------
@@ -587,7 +588,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       }
     }
     if (tid == 0) ptx::bulk_wait_group_read<0>();  // see tma.cuh
-    if (tid == 0) ptx::mbarrier_arrive(done);          // this warpgroup is done: run_watchdog stops
+    if constexpr (kWatchdog)
+      if (tid == 0) ptx::mbarrier_arrive(done);  // this warpgroup is done: run_watchdog stops
   }
   // No CTA may leave while its peer can still multicast into its shared memory or arrive on
   // its barriers: every thread of both CTAs meets here.

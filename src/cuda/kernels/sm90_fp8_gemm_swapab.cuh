@@ -102,7 +102,7 @@ struct SwapABTraits {
   static_assert(BLOCK_W == 128 || BLOCK_W == 64, "weight tile: 2 x 64 rows, or 64 rows with K split between the WGs");
 };
 
-template <class T>
+template <class T, bool kWatchdog>
 __global__ void __launch_bounds__(T::kThreads, 1)
     sm90_fp8_gemm_swapab_kernel(const __grid_constant__ CUtensorMap tmap_a,
                                 const __grid_constant__ CUtensorMap tmap_sfa,
@@ -121,7 +121,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   extern __shared__ __align__(1024) uint8_t smem[];
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + T::kOffBar);
   uint64_t* empty = full + kStages;
-  uint64_t* done = reinterpret_cast<uint64_t*>(smem + T::kOffBar + kWatchdogDoneOffset);  // run_watchdog
+  // The watchdog's barrier (run_watchdog), only in the kernels built with it (kWatchdog).
+  uint64_t* done = reinterpret_cast<uint64_t*>(smem + T::kOffBar + kWatchdogDoneOffset);
   volatile uint32_t* last_flag = reinterpret_cast<volatile uint32_t*>(smem + T::kOffFlag);
   float* sfb = reinterpret_cast<float*>(smem + T::kOffSfb);
 
@@ -131,7 +132,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   if (T::kAltK && split_k > 1) __trap();  // launcher bug (no split-K for 64-row tiles): never a wrong result
 
   if (threadIdx.x == T::kMathThreads)
-    init_tma_pipeline<kStages>(smem, &tmap_a, &tmap_sfa, &tmap_b, &tmap_d, full, empty, T::kEmptyArrivals, done,
+    init_tma_pipeline<kStages, kWatchdog>(smem, &tmap_a, &tmap_sfa, &tmap_b, &tmap_d, full, empty, T::kEmptyArrivals, done,
                                T::kMathWGs);
   __syncthreads();
 
@@ -166,8 +167,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           advance();
         }
       }
-    } else if (threadIdx.x == T::kMathThreads + 32) {
-      run_watchdog<T>(watchdog, full, done);  // an idle thread of this warpgroup
+    } else if constexpr (kWatchdog) {
+      if (threadIdx.x == T::kMathThreads + 32) run_watchdog<T>(watchdog, full, done);  // an idle thread of this warpgroup
     }
   } else {
     // ---------------- consumer warpgroups ----------------
@@ -333,7 +334,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       }
     }
     if (threadIdx.x == 0) ptx::bulk_wait_group_read<0>();  // see tma.cuh
-    if (threadIdx.x % 128 == 0) ptx::mbarrier_arrive(done);  // this warpgroup is done: run_watchdog stops
+    if constexpr (kWatchdog)
+      if (threadIdx.x % 128 == 0) ptx::mbarrier_arrive(done);  // this warpgroup is done: run_watchdog stops
   }
 #elif defined(__CUDA_ARCH__)
   __trap();  // built for a target without wgmma/setmaxnreg: fail loudly, never return garbage

@@ -117,12 +117,20 @@ def main():
     ap.add_argument("--jobs", type=int, default=12)
     ap.add_argument("--timeout", type=int, default=240, help="seconds per sanitizer run")
     ap.add_argument("--only", default="", help="comma list: restrict to these configurations / families (tests)")
+    ap.add_argument("--from-logs", action="store_true",
+                    help="write the matrix from the logs already in --out (a run cut short), running nothing")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     tools = [t for t in a.tools.split(",") if t]
     env = dict(os.environ)
     env["FP8PROJ_WATCHDOG_MS"] = "0"  # the tools stretch barrier waits far past any watchdog bound
 
+    if a.from_logs:
+        planned = []
+        if os.access(a.harness, os.X_OK):  # every configuration gets a row, run or not
+            out = subprocess.run([a.harness, "--list-configs"], stdout=subprocess.PIPE, text=True, check=True).stdout
+            planned = [name for base in out.split() for name, _ in problems_for(base)]
+        return write_from_logs(a.out, tools, planned)
     family = subprocess.run([a.harness, "--list-configs"], stdout=subprocess.PIPE, text=True, check=True).stdout.split()
     jobs = []  # (row label, problems, tool, cmd, log): the GPU-test families first, the longest runs
     gemm_jobs = []
@@ -157,9 +165,60 @@ def main():
             results[(label, tool)] = (clean, text, secs, probs)
             print(f"[{i}/{len(jobs)} {time.time() - t0:.0f}s] {tool:9s} {label}: {'clean' if clean else 'NOT CLEAN'} ({text})",
                   flush=True)
+            # After every run, so that a run cut short by its limit leaves the matrix so far.
+            write_matrix(a.out, [label for label, *_ in jobs], tools, results, len(jobs))
+    return finish(a.out, [label for label, *_ in jobs], tools, results, len(jobs), time.time() - t0)
 
-    labels = list(dict.fromkeys(label for label, *_ in jobs))
-    with open(os.path.join(a.out, "matrix.csv"), "w", newline="") as fh:
+
+def write_from_logs(out, tools, planned):
+    """The matrix of the logs in `out` (TOOL__NAME.log, first line the command): cells never run
+    stay empty."""
+    safe_labels = {re.sub(r"[^A-Za-z0-9_.-]+", "_", label): label for label, _ in TEST_FAMILIES}
+    results, labels = {}, []
+    for f in sorted(os.listdir(out)):
+        m = re.fullmatch(r"([a-z]+)__(.+)\.log", f)
+        if not m or m.group(1) not in tools:
+            continue
+        tool, name = m.groups()
+        with open(os.path.join(out, f), errors="replace") as fh:
+            cmd = fh.readline()
+            text = fh.read()
+        if name.startswith("tests_"):
+            label = safe_labels.get(name[len("tests_"):], name)
+            probs = "GPU tests: " + (re.search(r"--gtest_filter=(\S+)", cmd) or [None, "?"])[1]
+        else:
+            label = name
+            probs = "; ".join(p.replace(",", "x") for p in re.findall(r"--mnk (\S+)", cmd))
+        rc = 0 if re.search(r"(\d+) passed, 0 failed|\[  PASSED  \] \d+ test", text) and \
+            not re.search(r"ERROR SUMMARY: [1-9]|RACECHECK SUMMARY: [1-9]", text) else 1
+        clean, vtext = verdict(tool, text, rc)
+        if not SUMMARY_RE.search(text):  # a log without the tool's summary: the run was stopped
+            vtext = "stopped by its time limit before the tool's summary"
+        results[(label, tool)] = (clean, vtext, 0.0, probs)
+        labels.append(label)
+    gemm = list(planned) + sorted(set(labels) - {l for l, _ in TEST_FAMILIES} - set(planned))
+    labels = [l for l, _ in TEST_FAMILIES] + gemm
+    for label in labels:  # rows never run: their problems from the plan
+        if not any(k[0] == label for k in results) and label in planned:
+            base = re.sub(r"_sk\d+$", "", label)
+            probs = next(p for n, p in problems_for(base) if n == label)
+            results_probs = "; ".join("x".join(map(str, q)) for q in probs)
+            results[(label, "_plan")] = (True, "", 0.0, results_probs)
+    n_cells = len(labels) * len(tools)
+    results = {k: v for k, v in results.items()}
+    plan_rows = {k[0]: v[3] for k, v in results.items() if k[1] == "_plan"}
+    results = {k: v for k, v in results.items() if k[1] != "_plan"}
+    bad = write_matrix(out, labels, tools, results, n_cells, plan_rows)
+    print(f"sanitize matrix from logs: {len(results) - len(bad)} of {len(results)} cells run are clean, "
+          f"{n_cells - len(results)} not run")
+    for k in bad:
+        print("  not clean:", k[1], k[0], "-", results[k][1])
+    return 0 if not bad and len(results) == n_cells else 1
+
+
+def write_matrix(out, labels, tools, results, planned, plan_rows=None):
+    labels = list(dict.fromkeys(labels))
+    with open(os.path.join(out, "matrix.csv"), "w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(["kernel_or_config", "problems", "tool", "clean", "result", "seconds"])
         for label in labels:
@@ -168,18 +227,29 @@ def main():
                     clean, text, secs, probs = results[(label, tool)]
                     w.writerow([label, probs, tool, int(clean), text, f"{secs:.1f}"])
     bad = [k for k, v in results.items() if not v[0]]
-    with open(os.path.join(a.out, "matrix.md"), "w") as fh:
+    with open(os.path.join(out, "matrix.md"), "w") as fh:
         fh.write("| kernel / configuration | problems (M x N x K) | " + " | ".join(tools) + " |\n")
         fh.write("|---|---|" + "---|" * len(tools) + "\n")
         for label in labels:
-            probs = next(v[3] for k, v in results.items() if k[0] == label)
+            probs = next((v[3] for k, v in results.items() if k[0] == label), (plan_rows or {}).get(label, ""))
             cells = []
             for tool in tools:
                 r = results.get((label, tool))
-                cells.append("" if r is None else ("clean" if r[0] else "**" + r[1] + "**") + f" ({r[2]:.0f} s)")
+                if r is None:
+                    cells.append("not run")
+                    continue
+                cell = "clean" if r[0] else "**" + r[1] + "**"
+                cells.append(cell + (f" ({r[2]:.0f} s)" if r[2] else ""))
             fh.write(f"| `{label}` | {probs} | " + " | ".join(cells) + " |\n")
-        fh.write(f"\n{len(results) - len(bad)} of {len(results)} cells clean.\n")
-    print(f"sanitize matrix: {len(results) - len(bad)} of {len(results)} cells clean ({time.time() - t0:.0f} s)")
+        of = f" ({planned} planned)" if planned else ""
+        fh.write(f"\n{len(results) - len(bad)} of {len(results)} cells run{of} are clean.\n")
+    return bad
+
+
+def finish(out, labels, tools, results, planned, secs):
+    bad = write_matrix(out, labels, tools, results, planned)
+    took = f" ({secs:.0f} s)" if secs else ""
+    print(f"sanitize matrix: {len(results) - len(bad)} of {len(results)} cells clean{took}")
     for k in bad:
         print("  not clean:", k[1], k[0], "-", results[k][1])
     return 0 if not bad else 1

@@ -32,12 +32,6 @@ bool cuda_error_is_sticky(cudaError_t status) noexcept;
 // non-sticky error of this thread.
 cudaError_t sticky_cuda_error_now() noexcept;
 
-// For constructors and plan-makers, whose work may not touch the context at all (host-side
-// configuration, a cached allocation): throws, and closes the latch, when the context is already
-// dead (a fault another library's kernel caused, or one no fp8proj check has seen yet), so that
-// no object is made that could only fail later. Costs a cudaMemGetInfo: not for per-call paths.
-void check_context_alive();
-
 // "CUDA error cudaErrorLaunchFailure (unspecified launch failure)"
 std::string cuda_error_text(cudaError_t status);
 

@@ -61,4 +61,9 @@ void reset_device_fault_for_testing() {
     retired->push_back(old);
 }
 
+#if !FP8PROJ_WITH_CUDA
+// No context to probe in a CPU-only build (cuda_check.cpp defines it in CUDA builds).
+void check_context_alive() { check_device_usable(); }
+#endif
+
 }  // namespace fp8proj

@@ -27,6 +27,13 @@ inline void check_device_usable() {
     detail::throw_device_unusable();
 }
 
+// For constructors and plan-makers, whose work may not touch the context at all (host-side
+// configuration, a cached allocation): throws, and closes the latch, when the context is already
+// dead (a fault another library's kernel caused, or one no fp8proj check has seen yet), so that
+// no object is made that could only fail later. Costs a cudaMemGetInfo in CUDA builds (defined
+// in cuda_check.cpp): not for per-call paths. In CPU-only builds: check_device_usable().
+void check_context_alive();
+
 // The latched text, or nullptr while the latch is open.
 inline const std::string* device_fault() noexcept {
   return detail::device_fault_text.load(std::memory_order_acquire);

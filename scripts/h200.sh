@@ -6,7 +6,7 @@
 # everything but the step log travels inside the archive). scripts/README.md has the workflow.
 #
 #   bash scripts/h200.sh [step ...]      steps: info tests tests3 verify bench layer tune check
-#                                               check_loop harness correctness design sanitize
+#                                               check_loop hunt_h200_build harness correctness design sanitize
 #                                               sanitize_matrix profile python
 #                                               ntail layer_dense decode_policy layer_residual
 #                                               faults sanitize_all tune_dense deepgemm_ntail
@@ -179,6 +179,31 @@ want check_loop && {
     [ $rc -ne 0 ] && log "check_loop_$i rc=$rc"
   done
   log "check_loop: ${CHECK_RUNS:-10} back-to-back tune --check runs, $faults with a CUDA error"
+}
+# hunt_h200_build: the fault hunt's build hypothesis. This tree built with this machine's own
+# toolchain (build-h200-native), its device code compared with the binaries in use (SASS md5 of
+# libfp8proj_c.so), then HUNT_ROUNDS (9) rounds of the reported sequence on the native binaries:
+# layer, bench, the full tune --check (docs/robustness.md, the open launch failure).
+want hunt_h200_build && {
+  gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
+  run native_build 400 bash -c "cmake -S . -B build-h200-native ${gen[*]} -DCMAKE_BUILD_TYPE=Release >/dev/null &&
+    cmake --build build-h200-native -j $(nproc) >/dev/null"
+  NAT=build-h200-native/tools/fp8proj/fp8proj
+  if [ -x "$NAT" ]; then
+    for f in build-h200-native/src/libfp8proj_c.so "$BIN/libfp8proj_c.so"; do
+      printf '%s %s\n' "$(cuobjdump -sass "$f" | grep -vE 'Fatbin|code for|arch =|host =|compile_size|identifier|^\s*$' | md5sum | cut -c1-32)" "$f"
+    done >"$R/sass_md5.txt"
+    { g++ --version | head -1; cmake --version | head -1; "$NAT" info | head -1; } >>"$R/sass_md5.txt"
+    faults=0
+    for i in $(seq 1 "${HUNT_ROUNDS:-9}"); do
+      run "hunt_${i}_layer" 120 "$NAT" layer --model deepseek-v3 --tp 1,8 --seqs 16,64 --fp8-all-dense --policy all >/dev/null
+      run "hunt_${i}_bench" 120 "$NAT" bench >/dev/null
+      run "hunt_${i}_check" 120 "$NAT" tune --check "$TABLE" --check-m 3,37,333,777,1111,2222,5555,9999 --no-fail \
+        --csv "$R/hunt_${i}_check.csv" >/dev/null
+      faults=$((faults + $(grep -l "CUDA error" "$R"/hunt_"${i}"_*.log 2>/dev/null | wc -l)))
+    done
+    log "hunt_h200_build: ${HUNT_ROUNDS:-9} rounds on binaries built here, $faults processes with a CUDA error"
+  fi
 }
 # tests3: the GPU tests three times in a row (each a fresh process).
 want tests3 && for i in 1 2 3; do

@@ -433,6 +433,18 @@ def bench_model(name, cfg, ckpt: Path, chunks, decode, reps, warmup, log=print, 
     return proj_rows, model_rows, memory
 
 
+def _rewind(cache, length: int) -> None:
+    """Every step decodes the token at position `length`: transformers' static layers write at their
+    own running count (`cumulative_length`, advanced by each update, cache_position ignored), so
+    without this a replayed step writes one slot further each time and runs off the cache's end."""
+    for layer in getattr(cache, "layers", ()):
+        n = getattr(layer, "cumulative_length", None)
+        if isinstance(n, torch.Tensor):
+            n.fill_(length)
+        elif isinstance(n, int):
+            layer.cumulative_length = length
+
+
 def decode_step(name, cfg, bf16, fp8, variants, use, c, reps, warmup, log):
     """One decode step for c sequences at context 1024 (static cache, filled by a prefill), per
     variant, replayed as a CUDA graph where capture works (else eager); interleaved."""
@@ -458,6 +470,7 @@ def decode_step(name, cfg, bf16, fp8, variants, use, c, reps, warmup, log):
         def step(model=model, cache=cache, tok=tok, pos=pos, mods=mods):
             if mods is not None:
                 use(mods)
+            _rewind(cache, L)
             return model(input_ids=tok, past_key_values=cache, cache_position=pos, use_cache=True).logits
 
         graph, why = None, ""

@@ -92,6 +92,7 @@ def test_static_cache_decode_step_is_valid_usage():
     token per sequence at cache_position L, whose logits equal the full-sequence forward's last."""
     from transformers import DeepseekV3ForCausalLM, StaticCache
 
+    from fp8proj.bench_fp8ckpt import _rewind
     torch.manual_seed(0)
     model = DeepseekV3ForCausalLM(tiny_deepseek_v3_config()).eval()
     c, L = 2, 24
@@ -99,10 +100,18 @@ def test_static_cache_decode_step_is_valid_usage():
     with torch.no_grad():
         cache = StaticCache(config=model.config, max_cache_len=L + 8)
         model(input_ids=ids[:, :L], past_key_values=cache, cache_position=torch.arange(L), use_cache=True)
-        step = model(input_ids=ids[:, L:], past_key_values=cache, cache_position=torch.tensor([L]),
-                     use_cache=True).logits
         full = model(input_ids=ids, use_cache=False).logits[:, -1:]
-    assert torch.allclose(step, full, atol=1e-4, rtol=1e-4)
+        # The timed step runs many times (warm-up, capture, replays): each must decode position L
+        # again, more times than the cache has spare slots.
+        for _ in range(12):
+            _rewind(cache, L)
+            step = model(input_ids=ids[:, L:], past_key_values=cache, cache_position=torch.tensor([L]),
+                         use_cache=True).logits
+            assert torch.allclose(step, full, atol=1e-4, rtol=1e-4)
+        # Without the rewind the static layers' own counter runs off the end of the cache.
+        with pytest.raises((IndexError, RuntimeError)):
+            for _ in range(12):
+                model(input_ids=ids[:, L:], past_key_values=cache, cache_position=torch.tensor([L]), use_cache=True)
 
 
 def test_summary_states_the_bars():

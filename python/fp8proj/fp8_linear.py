@@ -155,8 +155,8 @@ def activation_scale_format(scale_fmt: Optional[str]) -> str:
     """fp8proj's activation scale format ("ue8m0" or "float", ops.SCALE_FORMATS) for a checkpoint's
     `scale_fmt`: a "ue8m0" checkpoint's activations get power-of-two scales, any other (None,
     "float") fp32 amax/448 -- the rule of SGLang 0.5.23's Fp8LinearMethod (act_scale_ue8m0 =
-    quant_config.scale_fmt == "ue8m0", then per-token-group quantization with scale_ue8m0) and of
-    DeepSeek's own inference code, so a taken layer computes what the engine's kernels compute."""
+    quant_config.scale_fmt == "ue8m0", then per-token-group quantization with scale_ue8m0), so a
+    taken layer computes what the engine's own kernels compute."""
     return "ue8m0" if scale_fmt == "ue8m0" else "float"
 
 

@@ -271,6 +271,11 @@ def test_sglang_taken_layer_in_a_cuda_graph(gpu, monkeypatch):
     x = torch.randn(64, 1024, device="cuda").to(BF16)
     with torch.no_grad():
         eager = plugin._fp8_apply(_original_apply, method, layer, x)
+        side = torch.cuda.Stream()  # warm up on a side stream, as before any capture
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            plugin._fp8_apply(_original_apply, method, layer, x)
+        torch.cuda.current_stream().wait_stream(side)
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):  # the plan was made at load (CheckpointProjection.prepare)
             out = plugin._fp8_apply(_original_apply, method, layer, x)

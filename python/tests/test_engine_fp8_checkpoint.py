@@ -107,6 +107,14 @@ def test_take_decides_logs_and_reports(caplog):
     assert report.fp8_checkpoint == {}
 
 
+def test_explicit_off_switch(monkeypatch):
+    assert not e.fp8_switched_off()
+    monkeypatch.setenv(e.FP8PROJ_FLAG, "0")
+    assert e.fp8_switched_off()
+    monkeypatch.setenv(e.FP8PROJ_FLAG, "all")
+    assert not e.fp8_switched_off()
+
+
 def test_decode_ceiling_gate(monkeypatch):
     w, s = _ckpt(256, 256)
     p = e.CheckpointProjection("x", w, s, "float", "prefill", e.decode_ceiling_from_env())
@@ -262,6 +270,13 @@ def test_sglang_taken_layer_runs_fp8proj_above_the_ceiling(gpu, monkeypatch, sca
         plugin._fp8_apply(_original_apply, method, layer, x.half())
         assert method.applied == before + 2
     assert proj.extra_memory_bytes() == 0  # the checkpoint's own tensors, no copy
+
+
+def test_sglang_explicit_off_leaves_the_layer_to_sglang(gpu, monkeypatch):
+    monkeypatch.setenv(e.REFERENCE_FLAG, "1")
+    monkeypatch.setenv(e.FP8PROJ_FLAG, "0")
+    d = _process(_Method(), _layer(1536, 1024, "cuda"))
+    assert d["eligible"] and not d["taken"] and d["reason"] == "FP8PROJ_PREFILL_FP8=0 turns fp8proj's FP8 off"
 
 
 def test_sglang_taken_layer_in_a_cuda_graph(gpu, monkeypatch):

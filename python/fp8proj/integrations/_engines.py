@@ -78,6 +78,12 @@ def sglang_enabled() -> tuple[bool, str]:
     return False, ""
 
 
+def fp8_switched_off() -> bool:
+    """True when FP8PROJ_PREFILL_FP8 is set to an explicit off value (0/false/no/off)."""
+    value = os.environ.get(FP8PROJ_FLAG, "").strip().lower()
+    return value != "" and value in _FALSE
+
+
 def targets_from_env() -> tuple[str, ...]:
     """Target names from FP8PROJ_ENGINE_TARGETS (comma-separated), default
     q_b_proj,o_proj. Unknown names are an error, not silently ignored."""
@@ -396,6 +402,10 @@ def take_fp8_checkpoint_layer(
     if not why:
         entry["eligible"] = True
         ok, why = arch_status()
+        if ok and fp8_switched_off():
+            # Under the reference flag, an explicit FP8PROJ_PREFILL_FP8=0 turns fp8proj's FP8
+            # off in both paths, as the C++ layer does for the bf16 one.
+            why = f"{FP8PROJ_FLAG}={os.environ.get(FP8PROJ_FLAG)} turns fp8proj's FP8 off"
         if ok and not weight.is_cuda:
             why = f"weight on {weight.device}"
     if why:

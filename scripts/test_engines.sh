@@ -9,7 +9,8 @@
 # libfp8proj_c.so with CMake; CPU-only where there is no GPU). Then pytest on the engine's test
 # file, with the driver JSON (the layers each model definition tags and skips) and the log kept
 # under bench/results/engine-plugins/ (or $FP8PROJ_ENGINE_RESULTS).
-# The engines' CPU paths only: their GPU paths need CUDA packages this machine lacks.
+# The engines' CPU paths, plus, where a Hopper GPU and the engine's CUDA packages are present,
+# the SGLang FP8-checkpoint test's GPU half (test_fp8_checkpoint_apply_on_gpu; skipped elsewhere).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 SGLANG_VERSION=${FP8PROJ_SGLANG_VERSION:-0.5.23}
@@ -44,7 +45,7 @@ for engine in "${ENGINES[@]}"; do
   log="$RESULTS/test-$engine.log"
   {
     echo "# $("$venv/bin/python" -c "import $engine, torch, fp8proj; print('$engine', $engine.__version__, '| torch', torch.__version__, '| fp8proj', fp8proj.__version__)")"
-    echo "# $(date -u +%Y-%m-%dT%H:%M:%SZ) $(uname -m), $(nproc) CPUs, no GPU used"
+    echo "# $(date -u +%Y-%m-%dT%H:%M:%SZ) $(uname -m), $(nproc) CPUs, $(nvidia-smi -L 2>/dev/null | head -1 || true)" | sed 's/, $/, no GPU used/'
   } > "$log"
   (cd "$ROOT" && FP8PROJ_ENGINE_RESULTS="$RESULTS/json" \
      "$venv/bin/python" -m pytest -v -rs -p no:cacheprovider \

@@ -42,7 +42,9 @@ from . import _lib
 from .ops import _ceil4
 
 __all__ = ["Fp8CheckpointLinear", "fp8_linear_class", "fp8_linear_skip_reason", "is_fp8_checkpoint_module",
-           "quantize_activation_float_reference", "dequantize_weight"]
+           "quantize_activation_float_reference", "quantize_activation_reference", "dequantize_weight",
+           "block_fp8_skip_reason", "activation_scale_format", "block_fp8_linear", "block_fp8_linear_reference",
+           "scales_as_fp32"]
 
 log = logging.getLogger("fp8proj")
 _E4M3 = torch.float8_e4m3fn
@@ -97,17 +99,34 @@ def fp8_linear_skip_reason(m: nn.Module) -> str:
         return f"activation_scheme {scheme!r}: a calibrated per-tensor input scale, not 1x128 dynamic groups"
     if getattr(m, "activation_scale", None) is not None:
         return "has a static activation_scale"
+    return block_fp8_skip_reason(w, s)
+
+
+def block_fp8_skip_reason(w: torch.Tensor, s: Optional[torch.Tensor], scales_name: str = "weight_scale_inv") -> str:
+    """"" when fp8proj's GEMM takes this weight and these block scales as they are, else why not.
+    The tensors' own conditions, shared by every FP8-checkpoint path (transformers' FP8Linear, the
+    engines' FP8 linear methods): a plain e4m3 [N, K] weight, row-major; one fp32 (or UE8M0) scale
+    per 128x128 block, [ceil(N/128), ceil(K/128)] row-major; K a multiple of 128 (1x128 activation
+    groups); N a multiple of 16 (the kernel's 16-byte output rows); both on one device."""
+    if w.dtype != _E4M3:
+        return f"weight is {w.dtype}, not float8_e4m3fn (FP4-packed or dequantized)"
+    if w.dim() != 2:
+        return f"weight has shape {tuple(w.shape)}, not [N, K]"
+    if not w.is_contiguous():
+        return f"weight has strides {tuple(w.stride())}, not row-major [N, K] (transposed or re-laid out)"
     n, k = w.shape
     if s is None or s.dtype not in (torch.float32, torch.uint8) + ((_E8M0,) if _E8M0 is not None else ()):
-        return f"weight_scale_inv is {None if s is None else s.dtype}, neither fp32 nor UE8M0"
+        return f"{scales_name} is {None if s is None else s.dtype}, neither fp32 nor UE8M0"
     want = (-(-n // 128), -(-k // 128))
     if tuple(s.shape) != want:
-        return f"weight_scale_inv has shape {tuple(s.shape)}, not {want} (one scale per 128x128 block)"
+        return f"{scales_name} has shape {tuple(s.shape)}, not {want} (one scale per 128x128 block)"
+    if not s.is_contiguous():
+        return f"{scales_name} has strides {tuple(s.stride())}, not row-major (re-laid out)"
     if k % 128 or n % 16:
         return (f"K={k} is not a multiple of 128 (1x128 activation groups)" if k % 128 else
                 f"N={n} is not a multiple of 16 (16-byte output rows)")
     if w.device != s.device:
-        return f"weight on {w.device}, weight_scale_inv on {s.device}"
+        return f"weight on {w.device}, {scales_name} on {s.device}"
     return ""
 
 
@@ -115,7 +134,7 @@ def scale_format_of(s: torch.Tensor) -> str:
     return "float" if s.dtype == torch.float32 else "ue8m0"
 
 
-def _scales_fp32(s: torch.Tensor) -> Optional[torch.Tensor]:
+def scales_as_fp32(s: torch.Tensor) -> Optional[torch.Tensor]:
     """None for fp32 scales (used as they are); UE8M0 ones widened exactly to fp32."""
     if s.dtype == torch.float32:
         return None
@@ -127,15 +146,34 @@ def _scales_fp32(s: torch.Tensor) -> Optional[torch.Tensor]:
 def dequantize_weight(w: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """fp32 [N, K] = e4m3 values times their block's scale (the last row block may be partial)."""
     n, k = w.shape
-    s = scales.to(torch.float32) if scales.dtype != torch.uint8 else _scales_fp32(scales)
+    s = scales.to(torch.float32) if scales.dtype != torch.uint8 else scales_as_fp32(scales)
     full = s.repeat_interleave(128, dim=0)[:n].repeat_interleave(128, dim=1)[:, :k]
     return w.to(torch.float32) * full
+
+
+def activation_scale_format(scale_fmt: Optional[str]) -> str:
+    """fp8proj's activation scale format ("ue8m0" or "float", ops.SCALE_FORMATS) for a checkpoint's
+    `scale_fmt`: a "ue8m0" checkpoint's activations get power-of-two scales, any other (None,
+    "float") fp32 amax/448 -- the rule of SGLang 0.5.23's Fp8LinearMethod (act_scale_ue8m0 =
+    quant_config.scale_fmt == "ue8m0", then per-token-group quantization with scale_ue8m0), so a
+    taken layer computes what the engine's own kernels compute."""
+    return "ue8m0" if scale_fmt == "ue8m0" else "float"
 
 
 def quantize_activation_float_reference(x2: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """(codes e4m3 [M, K], scales fp32 [M, K/128]) of the fp32 rule, in torch: the reference the
     CPU path runs (and the tests check against numpy). A group holding NaN or Inf gets a NaN scale
     and NaN codes, as fp8proj's kernels give it."""
+    return quantize_activation_reference(x2, "float")
+
+
+def quantize_activation_reference(x2: torch.Tensor, scale_fmt: str = "float") -> Tuple[torch.Tensor, torch.Tensor]:
+    """(codes e4m3 [M, K], scales fp32 [M, K/128]) in torch, for either activation rule of
+    formats.hpp: "float" scale = fl32(max(amax, 1e-10) / 448), codes e4m3(x / scale); "ue8m0" the
+    power of two at or above that quotient (exponent + (mantissa != 0) of the fp32 quotient), codes
+    e4m3(x * 2^-e), exact."""
+    if scale_fmt not in ("float", "ue8m0"):
+        raise ValueError(f"fp8proj: scale_fmt must be 'ue8m0' or 'float', got {scale_fmt!r}")
     m, k = x2.shape
     g = x2.to(torch.float32).view(m, k // 128, 128)
     finite = torch.isfinite(g).all(dim=-1, keepdim=True)
@@ -143,11 +181,46 @@ def quantize_activation_float_reference(x2: torch.Tensor) -> Tuple[torch.Tensor,
     # A tensor divisor: torch divides by a Python scalar as a multiplication by its reciprocal on
     # CUDA, which is not the rule (formats.hpp); tensor / tensor is IEEE division on CPU and GPU.
     s = amax.clamp_min(1e-10) / torch.full_like(amax, 448.0)
+    if scale_fmt == "ue8m0":
+        mant, exp = torch.frexp(s)  # s = mant * 2^exp, mant in [0.5, 1): a power of two iff mant == 0.5
+        s = torch.ldexp(torch.ones_like(s), torch.where(mant == 0.5, exp - 1, exp))
     q = (g / s).clamp(-448.0, 448.0).to(_E4M3)
     nan = torch.full((), float("nan"))
     q = torch.where(finite, q.to(torch.float32), nan).to(_E4M3)
     s = torch.where(finite, s, nan)
     return q.view(m, k), s.view(m, k // 128)
+
+
+def block_fp8_linear(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, act_fmt: str = "float",
+                     bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """y[..., N] = quant(x) . dequant(weight, scales)^T (+ bias) through fp8proj's torch ops on a
+    Hopper GPU: quantize_activation(x, act_fmt) in 1x128 groups, then fp8_gemm on the weight and
+    its fp32 block scales as they are (block_fp8_skip_reason says which ones qualify; UE8M0 scales
+    are widened to fp32 first). x bf16 [..., K]; the bias is added in the output's dtype."""
+    n, k = weight.shape
+    x2 = x.reshape(-1, k)
+    if not x2.is_contiguous():
+        x2 = x2.contiguous()
+    xv, xs = torch.ops.fp8proj.quantize_activation(x2, act_fmt)
+    y = torch.ops.fp8proj.fp8_gemm(xv, xs, weight, scales)
+    if bias is not None:
+        y = y.add_(bias)
+    return y.view(*x.shape[:-1], n)
+
+
+def block_fp8_linear_reference(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, act_fmt: str = "float",
+                               bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """block_fp8_linear's numerics in torch, on any device: the activations quantized by the same
+    rule, the weight dequantized, an fp32 product rounded to x's dtype (slow; the CPU path and the
+    tests' reference)."""
+    n, k = weight.shape
+    x2 = x.reshape(-1, k)
+    q, s = quantize_activation_reference(x2, act_fmt)
+    xd = (q.to(torch.float32).view(-1, k // 128, 128) * s.unsqueeze(-1)).view_as(q)
+    y = (xd @ dequantize_weight(weight, scales).T).to(x.dtype)
+    if bias is not None:
+        y = y.add_(bias.to(y.dtype))
+    return y.view(*x.shape[:-1], n)
 
 
 class Fp8CheckpointLinear(nn.Module):
@@ -167,7 +240,7 @@ class Fp8CheckpointLinear(nn.Module):
         self.out_features, self.in_features = (int(v) for v in source.weight.shape)
         self.name = name
         self.scale_format = scale_format_of(source.weight_scale_inv)
-        self.register_buffer("scales_fp32", _scales_fp32(source.weight_scale_inv), persistent=False)
+        self.register_buffer("scales_fp32", scales_as_fp32(source.weight_scale_inv), persistent=False)
         self._workspace_bytes = 0
         self._fp8, self._why = False, ""
         self.refresh()
@@ -202,25 +275,14 @@ class Fp8CheckpointLinear(nn.Module):
             if x.is_cuda and not torch.compiler.is_compiling():
                 _lib.check_device_fault(self.name)
             return self._reference(x)
-        x2 = x.reshape(-1, self.in_features)
-        if not x2.is_contiguous():
-            x2 = x2.contiguous()
-        xv, xs = torch.ops.fp8proj.quantize_activation(x2, "float")
-        y = torch.ops.fp8proj.fp8_gemm(xv, xs, self.weight.detach(), self._scales())
-        if self.bias is not None:
-            y = y.add_(self.bias.detach())  # in the output's dtype, as transformers' FP8Linear adds it
-        return y.view(*x.shape[:-1], self.out_features)
+        # The bias in the output's dtype, as transformers' FP8Linear adds it.
+        bias = self.bias.detach() if self.bias is not None else None
+        return block_fp8_linear(x, self.weight.detach(), self._scales(), "float", bias)
 
     def _reference(self, x: torch.Tensor) -> torch.Tensor:
         """fp8proj's numerics in torch: the weight dequantized per call, an fp32 product."""
-        x2 = x.reshape(-1, self.in_features)
-        q, s = quantize_activation_float_reference(x2)
-        xd = (q.to(torch.float32).view(-1, self.in_features // 128, 128) * s.unsqueeze(-1)).view_as(q)
-        w = dequantize_weight(self.weight.detach(), self._scales())
-        y = (xd @ w.T).to(x.dtype)
-        if self.bias is not None:
-            y = y.add_(self.bias.detach().to(y.dtype))
-        return y.view(*x.shape[:-1], self.out_features)
+        bias = self.bias.detach() if self.bias is not None else None
+        return block_fp8_linear_reference(x, self.weight.detach(), self._scales(), "float", bias)
 
     # -- queries ---------------------------------------------------------------------------------
     def _gemm_handle(self, max_m: int):

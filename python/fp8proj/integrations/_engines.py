@@ -24,6 +24,8 @@ logger = logging.getLogger("fp8proj.integrations")
 REFERENCE_FLAG = "SGLANG_DSA_FP8_PROJ_GEMM"
 FP8PROJ_FLAG = "FP8PROJ_PREFILL_FP8"
 TARGETS_ENV = "FP8PROJ_ENGINE_TARGETS"
+DECODE_CEILING_ENV = "FP8PROJ_DECODE_CEILING"
+DEFAULT_DECODE_CEILING = 512  # the C++ layer's default (ProjectionOptions::decode_ceiling)
 
 # Tagged by default, as in the reference design: the two large dense GEMMs of
 # MLA attention that stay bf16 even in quantized checkpoints.
@@ -76,6 +78,12 @@ def sglang_enabled() -> tuple[bool, str]:
     return False, ""
 
 
+def fp8_switched_off() -> bool:
+    """True when FP8PROJ_PREFILL_FP8 is set to an explicit off value (0/false/no/off)."""
+    value = os.environ.get(FP8PROJ_FLAG, "").strip().lower()
+    return value != "" and value in _FALSE
+
+
 def targets_from_env() -> tuple[str, ...]:
     """Target names from FP8PROJ_ENGINE_TARGETS (comma-separated), default
     q_b_proj,o_proj. Unknown names are an error, not silently ignored."""
@@ -90,6 +98,23 @@ def targets_from_env() -> tuple[str, ...]:
             f"{TARGETS_ENV}={raw!r}: unknown target(s) {bad}; known: {list(known)}"
         )
     return names
+
+
+def decode_ceiling_from_env() -> int:
+    """FP8PROJ_DECODE_CEILING (integer >= 0, default 512): the largest decode
+    batch. The FP8-checkpoint path reads it in Python (the bf16 path's C++
+    layer reads the same variable): under policy ``prefill`` batches of at
+    most this many rows stay on the engine's own FP8 kernels."""
+    raw = os.environ.get(DECODE_CEILING_ENV, "").strip()
+    if not raw:
+        return DEFAULT_DECODE_CEILING
+    try:
+        value = int(raw, 10)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValueError(f"{DECODE_CEILING_ENV}={raw!r}: expected an integer >= 0")
+    return value
 
 
 def target_of_prefix(prefix: str, targets: tuple[str, ...]) -> str | None:
@@ -135,14 +160,20 @@ def planned_fp8_copy(n: int, k: int) -> dict:
 
 @dataclass
 class TagReport:
-    """What a plugin tagged and skipped, in load order (for logs and tests)."""
+    """What a plugin tagged and skipped, in load order (for logs and tests).
+    ``fp8_checkpoint``: per tagged layer of an FP8 checkpoint (the engine's own
+    FP8 linear method), the decision made after the engine's weight processing:
+    ``{"n", "k", "eligible", "taken", "reason", "act_scale_fmt", "policy"}``
+    (the last decision wins: a reload decides again)."""
 
     tagged: list[str] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)
+    fp8_checkpoint: dict = field(default_factory=dict)
 
     def clear(self) -> None:
         self.tagged.clear()
         self.skipped.clear()
+        self.fp8_checkpoint.clear()
 
 
 def _op_handle(module) -> int:
@@ -251,4 +282,145 @@ def prepare_layer(
         engine, name, n, k, proj.extra_memory_bytes() / 2**20, policy,
         proj.explain(4096),
     )
+    return proj
+
+
+# ---- FP8 checkpoints: the engine's own FP8 linear method --------------------------------------
+#
+# An FP8 checkpoint's projections load through the engine's FP8 linear method, not the unquantized
+# one: e4m3 weights with fp32 scales per 128x128 block, already what fp8proj's GEMM takes. After the
+# engine's own weight processing, a tagged layer whose tensors are still in that plain form is
+# taken: its apply() runs fp8proj's activation quantization and GEMM on layer.weight and
+# layer.weight_scale_inv as they are (no copy, no re-quantization). The decision is made from
+# plain values (the engine glue reads its own attribute names), so it is testable without an engine.
+
+
+@dataclass
+class Fp8MethodState:
+    """What an engine's FP8 linear method left on one layer after its weight processing, in
+    engine-neutral terms (SGLang's names in sglang.py, ``_fp8_method_state``)."""
+
+    block_size: tuple | None  # the weight's quantization block [N, K]; None: per-tensor / channel
+    scale_fmt: str | None = None  # the checkpoint's scale_fmt ("ue8m0", "float" or None)
+    mxfp8: bool = False  # MXFP8 (1x32 blocks, UE8M0 scales)
+    marlin: bool = False  # weight-only FP8 through Marlin: the weight is repacked
+    served_as_mxfp8: bool = False  # block FP8 served through an MXFP8 view (swizzled copies)
+    preshuffled: bool = False  # weight rewritten in place into a backend's tile layout
+    cpu_packed: bool = False  # weight packed for a CPU backend (AMX, VNNI)
+    static_input_scale: bool = False  # a calibrated per-tensor activation scale
+    scales_requantized: bool = False  # scales rewritten for DeepGEMM's UE8M0 path at load
+    act_dtype: torch.dtype | None = None  # the model's activation dtype
+
+
+def fp8_checkpoint_skip_reason(weight, scales, state: Fp8MethodState) -> str:
+    """"" when fp8proj can take this layer of an FP8 checkpoint as the engine left it, else
+    why not (one line for the load log and the report)."""
+    from fp8proj.fp8_linear import block_fp8_skip_reason
+
+    if state.mxfp8:
+        return "MXFP8 (1x32 blocks, UE8M0 scales), not 128x128 block FP8"
+    if state.block_size is None:
+        return "per-tensor or per-channel FP8 (no weight_block_size), not 128x128 blocks"
+    if tuple(state.block_size) != (128, 128):
+        return f"weight_block_size {list(state.block_size)}, not [128, 128]"
+    if state.marlin:
+        return "weight-only FP8 through Marlin (weight repacked for Marlin)"
+    if state.served_as_mxfp8:
+        return "served through the engine's MXFP8 view of the block scales (block_fp8_mxfp8_ready)"
+    if state.preshuffled:
+        return "weight preshuffled in place for AITER (aiter_bpreshuffled), not row-major"
+    if state.cpu_packed:
+        return "weight packed for the CPU AMX backend"
+    if state.static_input_scale:
+        return "a static activation scale (activation_scheme static), not 1x128 dynamic groups"
+    if state.act_dtype is not None and state.act_dtype != torch.bfloat16:
+        return f"activations are {state.act_dtype}; fp8proj's ops take bf16"
+    if weight is None or scales is None:
+        return "no weight or weight_scale_inv"
+    why = block_fp8_skip_reason(weight, scales)
+    if why and state.scales_requantized:
+        return f"weight_scale_inv re-laid out for DeepGEMM's UE8M0 path at load ({why})"
+    return why
+
+
+class CheckpointProjection:
+    """fp8proj's side of one taken FP8-checkpoint layer: no weight of its own. ``run`` reads the
+    layer's weight and scales per call, as the engine's apply does (a reload in place is seen;
+    the engine's reload calls process_weights_after_loading again, which decides again)."""
+
+    def __init__(self, name: str, weight: torch.Tensor, scales: torch.Tensor, act_fmt: str,
+                 policy: str, decode_ceiling: int):
+        from fp8proj.fp8_linear import scales_as_fp32
+
+        self.name = name
+        self.n, self.k = (int(s) for s in weight.shape)
+        self.act_fmt = act_fmt
+        self.policy = policy
+        self.decode_ceiling = decode_ceiling
+        self.weight_scale_fmt = "float" if scales.dtype == torch.float32 else "ue8m0"
+        # UE8M0 scales widened once, exactly (4 bytes per block): the GEMM takes fp32 scales.
+        self.scales_fp32 = scales_as_fp32(scales)
+
+    def uses_fp8proj(self, m: int) -> bool:
+        """Under ``prefill`` decode batches (m <= decode ceiling) stay on the engine's own FP8
+        kernels (bit-identical to a run without the plugin); ``all`` takes every batch."""
+        return m > 0 and (self.policy == "all" or m > self.decode_ceiling)
+
+    def extra_memory_bytes(self) -> int:
+        return self.scales_fp32.numel() * 4 if self.scales_fp32 is not None else 0
+
+    def run(self, x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor,
+            bias: torch.Tensor | None = None) -> torch.Tensor:
+        from fp8proj.fp8_linear import block_fp8_linear
+
+        s = self.scales_fp32 if self.scales_fp32 is not None else scales
+        return block_fp8_linear(x, weight, s, self.act_fmt, bias)
+
+    def prepare(self, weight: torch.Tensor, scales: torch.Tensor) -> None:
+        """One call at load, outside any CUDA graph capture: fp8_gemm makes its plan for this
+        weight then (a plan allocates, which a capture refuses)."""
+        with torch.no_grad():
+            self.run(torch.zeros(4, self.k, dtype=torch.bfloat16, device=weight.device), weight, scales)
+
+
+def take_fp8_checkpoint_layer(
+    weight, scales, state: Fp8MethodState, name: str, policy: str, engine: str,
+    log: logging.Logger, report: TagReport | None = None,
+) -> CheckpointProjection | None:
+    """Decide for one tagged FP8-checkpoint layer after the engine's weight processing: taken
+    (a CheckpointProjection) or left on the engine's method, with one log line either way and the
+    decision in ``report.fp8_checkpoint[name]``. Never raises for an ineligible layer."""
+    from fp8proj.fp8_linear import activation_scale_format
+
+    n, k = (int(v) for v in weight.shape) if weight is not None and weight.dim() == 2 else (-1, -1)
+    act_fmt = activation_scale_format(state.scale_fmt)
+    entry = {"n": n, "k": k, "eligible": False, "taken": False, "reason": "",
+             "act_scale_fmt": act_fmt, "policy": policy}
+    if report is not None:
+        report.fp8_checkpoint[name] = entry
+    why = fp8_checkpoint_skip_reason(weight, scales, state)
+    if not why:
+        entry["eligible"] = True
+        ok, why = arch_status()
+        if ok and fp8_switched_off():
+            # Under the reference flag, an explicit FP8PROJ_PREFILL_FP8=0 turns fp8proj's FP8
+            # off in both paths, as the C++ layer does for the bf16 one.
+            why = f"{FP8PROJ_FLAG}={os.environ.get(FP8PROJ_FLAG)} turns fp8proj's FP8 off"
+        if ok and not weight.is_cuda:
+            why = f"weight on {weight.device}"
+    if why:
+        entry["reason"] = why
+        log.info("[fp8proj] %s %s [N=%d K=%d]: FP8 checkpoint layer stays on the engine's FP8 "
+                 "method (%s)", engine, name, n, k, why)
+        return None
+    ceiling = decode_ceiling_from_env()
+    proj = CheckpointProjection(name, weight, scales, act_fmt, policy, ceiling)
+    proj.prepare(weight, scales)
+    entry["taken"] = True
+    entry["extra_bytes"] = proj.extra_memory_bytes()
+    log.info("[fp8proj] %s %s [N=%d K=%d]: FP8 checkpoint layer taken: its e4m3 weight and %s "
+             "weight_scale_inv as loaded (no copy, +%d bytes), activations 1x128 groups with %s "
+             "scales; policy %s (%s)", engine, name, n, k, proj.weight_scale_fmt,
+             proj.extra_memory_bytes(), "power-of-two" if act_fmt == "ue8m0" else "fp32 amax/448",
+             policy, "every batch" if policy == "all" else f"batches of more than {ceiling} rows")
     return proj

@@ -90,12 +90,32 @@ EXPECTED_TAGGED = {
 }
 
 
-def write_model_dir(name: str, root: str) -> str:
-    """A model directory holding only config.json (weights are dummy)."""
-    path = os.path.join(root, name)
+# FP8 checkpoints' quantization_config, per scenario of the engine tests: what
+# fp8proj.bench_fp8ckpt writes (DeepSeek-V3's own layout: e4m3 weights, fp32
+# weight_scale_inv per 128x128 block, dynamic activations), the same with
+# scale_fmt "ue8m0" (the newer checkpoints' power-of-two scales), and one with
+# 64x64 blocks (a layout fp8proj does not take).
+def fp8_quant_configs() -> dict:
+    from fp8proj.bench_fp8ckpt import QUANT_CONFIG
+
+    return {
+        "fp8": dict(QUANT_CONFIG),
+        "fp8-ue8m0": dict(QUANT_CONFIG, scale_fmt="ue8m0"),
+        "fp8-block64": dict(QUANT_CONFIG, weight_block_size=[64, 64]),
+    }
+
+
+def write_model_dir(name: str, root: str, quant: str = "none") -> str:
+    """A model directory holding only config.json (weights are dummy); with
+    ``quant`` one of fp8_quant_configs(), config.json carries that FP8
+    checkpoint's quantization_config, as a checkpoint on disk does."""
+    path = os.path.join(root, f"{name}-{quant}")
     os.makedirs(path, exist_ok=True)
+    cfg = dict(MODELS[name])
+    if quant != "none":
+        cfg["quantization_config"] = fp8_quant_configs()[quant]
     with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump(MODELS[name], f, indent=1)
+        json.dump(cfg, f, indent=1)
     return path
 
 

@@ -63,8 +63,40 @@ def main(root: str) -> None:
         out += ["", "Load log (fp8proj lines):", "", "```"]
         out += [ln for ln in run["fp8proj_log"] if "[fp8proj]" in ln]
         out += ["```", ""]
+    out += fp8_checkpoint_sections(root)
     with open(os.path.join(root, "layers.md"), "w") as f:
         f.write("\n".join(out) + "\n")
+
+
+# SGLang scenarios of an FP8 checkpoint (plugin on): the per-layer decision after SGLang's
+# Fp8LinearMethod processed the weights.
+FP8_TAGS = ("fp8-on", "fp8-ue8m0-on", "fp8-block64-on", "fp8-targets-all")
+
+
+def fp8_checkpoint_sections(root: str) -> list:
+    out = []
+    for path in sorted(glob.glob(os.path.join(root, "json", "sglang_driver-*.json"))):
+        model, tag = os.path.basename(path)[:-5].split("-", 2)[1:]
+        if tag not in FP8_TAGS:
+            continue
+        with open(path) as f:
+            run = json.load(f)
+        decided = run.get("report_fp8_checkpoint") or {}
+        qc = run.get("quant")
+        out += [f"## sglang {run['version']} — {model}, FP8 checkpoint `{qc}` "
+                f"(scenario `{tag}`, device {run.get('device', 'cpu')})", "",
+                "Tagged projections on SGLang's `Fp8LinearMethod`, decided after its own weight "
+                "processing (taken = fp8proj runs the layer's `apply`; eligible = its tensors are in "
+                "the form fp8proj's GEMM takes):", "",
+                "| layer | N x K | eligible | taken | activation scales | why not taken |",
+                "|---|---|---|---|---|---|"]
+        for name, d in decided.items():
+            out.append(f"| `{name}` | {d['n']} x {d['k']} | {'yes' if d['eligible'] else 'no'} | "
+                       f"{'yes' if d['taken'] else 'no'} | {d['act_scale_fmt']} | {d['reason'] or '-'} |")
+        others = [e for e in run["linear_layers"] if not e["tagged"]]
+        out += ["", f"Not tagged ({len(others)}), their methods: "
+                f"`{sorted({e['method'] for e in others})}`.", ""]
+    return out
 
 
 if __name__ == "__main__":

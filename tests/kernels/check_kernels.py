@@ -96,7 +96,7 @@ def opcodes(block):
     """The block's instructions' opcodes (without modifiers or predicate), in program order."""
     out = []
     for line in block.split("\n"):
-        m = re.match(r"\s+/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", line)
+        m = re.match(r"\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", line)
         if m:
             out.append(m.group(1))
     return out

@@ -181,7 +181,7 @@ want pdl_ab && {
         --m 1,4,16,32,64 --policy all --csv "$R/pdl_ab/bench_pdl${pdl}_r$round.csv" >/dev/null
     done
   done
-  python3 scripts/pdl_ab.py "$R/pdl_ab" --md "$R/pdl_ab/summary.md" --csv "$R/pdl_ab/summary.csv" && cat "$R/pdl_ab/summary.md"
+  python3 scripts/pdl_ab.py "$R/pdl_ab" --md "$R/pdl_ab/summary.md" --csv "$R/pdl_ab/summary.csv"
 }
 want verify && run verify 180 "$FP8" verify --case 1x256x384 --case 17x384x256 --case 300x2048x1536 \
   --case 129x6144x2048 --case 1000x4096x2048 --case 4097x2048x1536 --case 33x2624x6144 --case 300x2112x7168 \

@@ -4,7 +4,7 @@
 The step runs `fp8proj layer` (decode step, one CUDA-graph replay) and `fp8proj bench` (small M)
 with FP8PROJ_PDL=0 and =1 interleaved, several rounds, into one folder:
 
-  layer_<model>_pdl<0|1>_r<round>.csv   rows of kind "decode": model, tp, seqs, off_us, on_us
+  layer_<model>_pdl<0|1>_r<round>.csv   rows of kind "decode" (and "prefill"): model, tp, seqs, off_us, on_us
   bench_pdl<0|1>_r<round>.csv           model, gemm, tp, n, k, m, bf16_us, fp8_us, fp8_gemm_us
 
 Per point, the median over rounds of each setting, and pdl_gain = time with PDL off / time with
@@ -102,6 +102,8 @@ def main():
     bkeys, bvals = ["model", "gemm", "tp", "n", "k", "m"], ["fp8_us", "fp8_gemm_us", "bf16_us"]
     drows = summarize(collect(sorted(glob.glob(os.path.join(a.dir, "layer_*_pdl*_r*.csv"))), "decode", dkeys, dvals),
                       dkeys, dvals)
+    prows = summarize(collect(sorted(glob.glob(os.path.join(a.dir, "layer_*_pdl*_r*.csv"))), "prefill", dkeys, dvals),
+                      dkeys, dvals)
     brows = summarize(collect(sorted(glob.glob(os.path.join(a.dir, "bench_pdl*_r*.csv"))), None, bkeys, bvals),
                       bkeys, bvals)
     if not drows and not brows:
@@ -122,6 +124,10 @@ def main():
                "FP8 block vs bf16 block (flag off / flag on) with PDL off -> on: " +
                ", ".join(f"{r['model']} TP{r['tp']} C={r['seqs']}: {r['fp8_vs_bf16_pdl0']:.3f}x -> "
                          f"{r['fp8_vs_bf16_pdl1']:.3f}x" for r in drows if "fp8_vs_bf16_pdl0" in r), ""]
+    if prows:
+        md += ["## Prefill (the same `fp8proj layer` runs: C sequences of L tokens; PDL applies at every M)", ""]
+        md += table(prows, dkeys, dvals)
+        md += ["", geo_line(prows, dvals, "prefill"), ""]
     if brows:
         md += ["## GEMM at small M (`fp8proj bench`, L2 flushed)", "",
                "fp8_us: the full path (activation quantization + GEMM); fp8_gemm_us: the GEMM alone; bf16_us: "
@@ -134,12 +140,14 @@ def main():
         with open(a.md, "w") as f:
             f.write(text)
     if a.csv:
-        fields = ["what"] + sorted({k for r in drows + brows for k in r}, key=lambda k: (k not in dkeys + bkeys, k))
+        fields = ["what"] + sorted({k for r in drows + prows + brows for k in r}, key=lambda k: (k not in dkeys + bkeys, k))
         with open(a.csv, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=fields)
             w.writeheader()
             for r in drows:
                 w.writerow({"what": "decode", **r})
+            for r in prows:
+                w.writerow({"what": "prefill", **r})
             for r in brows:
                 w.writerow({"what": "bench", **r})
     return 0

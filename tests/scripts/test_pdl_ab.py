@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """scripts/pdl_ab.py on synthetic `h200.sh pdl_ab` results with a known PDL gain: medians over
-rounds, gain = off / on per point, columns read by name (an extra column and a prefill row are
-ignored), a point with only one setting left out, and no results -> exit 1."""
+rounds, gain = off / on per point, columns read by name (an extra column is ignored, prefill rows
+are summarized apart from the decode rows), a point with only one setting left out, and no results -> exit 1."""
 import csv
 import os
 import subprocess
@@ -44,6 +44,8 @@ def main():
     assert r.returncode == 0, r.stderr
     rows = list(csv.DictReader(open(out_csv)))
     dec = [x for x in rows if x["what"] == "decode"]
+    pre = [x for x in rows if x["what"] == "prefill"]
+    assert len(pre) == 1 and abs(float(pre[0]["off_us_gain"]) - 1.0) < 1e-9, pre  # 999 us both ways
     ben = [x for x in rows if x["what"] == "bench"]
     assert len(dec) == 4, dec  # deepseek-v3 x TP 1, 8 x C 16, 64; glm5 has no PDL-on run
     assert len(ben) == 2, ben

@@ -11,7 +11,7 @@
 #                                               ntail layer_dense decode_policy layer_residual
 #                                               faults sanitize_all tune_dense deepgemm_ntail
 #                                               python_overhead python_tests python_bench soak
-#                                               python_fp8ckpt
+#                                               python_fp8ckpt pdl_ab
 #                                               (default: info tests verify bench layer harness
 #                                               sanitize)
 # Each step has its own timeout so that one hang cannot eat the whole budget.
@@ -162,6 +162,27 @@ want decode_policy && for model in glm5 deepseek-v3; do
   run "decode_prefill_$model" 300 "$FP8" layer --model "$model" --tp 1,4 --seqs 4,64 --seqlen 1024 \
     --fp8-all-dense --policy prefill --csv "$R/decode_prefill_$model.csv" --json "$R/decode_prefill_$model.json"
 done
+# pdl_ab: programmatic dependent launch (FP8PROJ_PDL) off vs on, interleaved A B A B
+# (PDL_AB_ROUNDS rounds, default 2): the decode step (one CUDA-graph replay; every dense GEMM
+# tagged, policy all; both blocks' kernels change mode, so both columns are compared across the
+# two settings) for DeepSeek-V3 and GLM-5 at TP 1 and 8, C = 16 and 64; and `bench` at small M
+# on the two models' TP1 and TP8 shards (full path = quantization + GEMM, and the GEMM alone).
+# scripts/pdl_ab.py writes $R/pdl_ab/summary.md: medians per setting and the ratio off/on.
+want pdl_ab && {
+  mkdir -p "$R/pdl_ab"
+  for round in $(seq 1 "${PDL_AB_ROUNDS:-2}"); do
+    for pdl in 0 1; do
+      for model in deepseek-v3 glm5; do
+        FP8PROJ_PDL=$pdl run "pdl_ab_layer_${model}_pdl${pdl}_r$round" 120 "$FP8" layer --model "$model" --tp 1,8 \
+          --seqs 16,64 --seqlen 1024 --fp8-all-dense --policy all --csv "$R/pdl_ab/layer_${model}_pdl${pdl}_r$round.csv" \
+          >/dev/null
+      done
+      FP8PROJ_PDL=$pdl run "pdl_ab_bench_pdl${pdl}_r$round" 120 "$FP8" bench --model deepseek-v3,glm5 --tp 1,8 \
+        --m 1,4,16,32,64 --policy all --csv "$R/pdl_ab/bench_pdl${pdl}_r$round.csv" >/dev/null
+    done
+  done
+  python3 scripts/pdl_ab.py "$R/pdl_ab" --md "$R/pdl_ab/summary.md" --csv "$R/pdl_ab/summary.csv"
+}
 want verify && run verify 180 "$FP8" verify --case 1x256x384 --case 17x384x256 --case 300x2048x1536 \
   --case 129x6144x2048 --case 1000x4096x2048 --case 4097x2048x1536 --case 33x2624x6144 --case 300x2112x7168 \
   --case 5x576x512

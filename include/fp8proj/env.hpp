@@ -31,6 +31,11 @@ std::optional<std::string> log_level();       // FP8PROJ_LOG_LEVEL
 inline constexpr int64_t kDefaultWatchdogMs = 0;
 inline constexpr int64_t kMaxWatchdogMs = int64_t{7} * 24 * 3600 * 1000;
 std::optional<int64_t> watchdog_ms();
+// FP8PROJ_PDL: 0 or 1. 1 launches the kernels of the projection and MLA decode paths with
+// programmatic dependent launch (each kernel's prologue overlaps the end of the one before it;
+// core/pdl.hpp). Off by default until measured on the GPU (scripts/h200.sh pdl_ab).
+inline constexpr bool kDefaultPdl = false;
+std::optional<bool> pdl();
 
 // Raw access for the knobs above (exposed for tests).
 std::optional<std::string> get(const char* name);

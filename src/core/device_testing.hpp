@@ -7,8 +7,12 @@
 // reset_device_fault_for_testing: reopen the device-fault latch (core/device_fault.hpp), so
 // that CPU tests can close it with a synthetic text (latch_device_fault) one case after
 // another. A real fault leaves the context dead whatever the latch says.
+//
+// set_pdl_for_testing: launch with or without programmatic dependent launch (core/pdl.hpp)
+// regardless of FP8PROJ_PDL, so that one process can compare both; nullopt returns to the knob.
 #pragma once
 
+#include <optional>
 #include <string>
 
 namespace fp8proj {
@@ -18,5 +22,7 @@ namespace fp8proj {
 bool simulate_device_for_testing(int cc_major, int cc_minor, const std::string& name);
 
 void reset_device_fault_for_testing();
+
+void set_pdl_for_testing(std::optional<bool> on);
 
 }  // namespace fp8proj

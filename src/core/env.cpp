@@ -53,6 +53,13 @@ std::optional<ScaleMode> weight_scales() {
 std::optional<std::string> tune_file() { return get("FP8PROJ_TUNE_FILE"); }
 std::optional<int64_t> watchdog_ms() { return get_int("FP8PROJ_WATCHDOG_MS", 0, kMaxWatchdogMs); }
 
+std::optional<bool> pdl() {
+  auto v = get("FP8PROJ_PDL");
+  if (!v) return std::nullopt;
+  FP8PROJ_CHECK(*v == "0" || *v == "1", "FP8PROJ_PDL='", *v, "' is not one of 0, 1");
+  return *v == "1";
+}
+
 std::optional<std::string> log_level() {
   auto v = get("FP8PROJ_LOG_LEVEL");
   if (!v) return std::nullopt;

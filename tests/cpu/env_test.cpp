@@ -1,6 +1,8 @@
 // Environment knobs parse strictly and say which variable was wrong.
 #include <gtest/gtest.h>
 
+#include "core/device_testing.hpp"
+#include "core/pdl.hpp"
 #include "env_guard.hpp"
 #include "fp8proj/env.hpp"
 #include "fp8proj/error.hpp"
@@ -54,6 +56,43 @@ TEST(Env, IntegersAreStrict) {
     EnvGuard g("FP8PROJ_LOG_LEVEL", "loud");
     EXPECT_THROW(env::log_level(), Error);
   }
+}
+
+// FP8PROJ_PDL: exactly 0 or 1; anything else is an error naming the variable and the values.
+TEST(Env, PdlValues) {
+  {
+    EnvGuard g("FP8PROJ_PDL", nullptr);
+    EXPECT_FALSE(env::pdl().has_value());
+    EXPECT_FALSE(env::kDefaultPdl) << "PDL is off until measured on the GPU";
+  }
+  {
+    EnvGuard g("FP8PROJ_PDL", "1");
+    EXPECT_EQ(env::pdl(), std::optional<bool>(true));
+  }
+  {
+    EnvGuard g("FP8PROJ_PDL", "0");
+    EXPECT_EQ(env::pdl(), std::optional<bool>(false));
+  }
+  for (const char* bad : {"2", "on", "true", "yes", " 1", "1 ", "01", "-1"}) {
+    EnvGuard g("FP8PROJ_PDL", bad);
+    try {
+      env::pdl();
+      ADD_FAILURE() << "no error for '" << bad << "'";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("FP8PROJ_PDL='"), std::string::npos) << what;
+      EXPECT_NE(what.find("is not one of 0, 1"), std::string::npos) << what;
+    }
+  }
+}
+
+// The override the GPU tests use wins over the knob and hands back to it.
+TEST(Env, PdlTestingOverride) {
+  set_pdl_for_testing(true);
+  EXPECT_TRUE(pdl_enabled());
+  set_pdl_for_testing(false);
+  EXPECT_FALSE(pdl_enabled());
+  set_pdl_for_testing(std::nullopt);
 }
 
 TEST(Models, ShapesOfDesignTable) {

@@ -24,6 +24,7 @@
 #include "fp8proj/ops.hpp"
 #include "fp8proj/quantize.hpp"
 #include "gpu_test_util.hpp"
+#include "pdl_test_util.hpp"
 #include "mla/mla_ops.hpp"
 
 namespace fp8proj {
@@ -587,6 +588,78 @@ TEST_P(MlaBlockGpu, ResidualEntryMatchesNormThenBlock) {
       EXPECT_EQ(0, std::memcmp(a.data(), r.data(), a.size() * 2)) << "bf16 path: must equal norm-then-prefill";
     else  // the fused pass skips the bf16 rounding of the normed input: e4m3 ties flip, no more
       EXPECT_LT(rel_error(a, r), 6e-2);
+  }
+}
+
+// Programmatic dependent launch (FP8PROJ_PDL) changes when the decode step's kernels start,
+// never what they compute: PDL on and off give bitwise equal outputs, eagerly (several steps in
+// a row) and as a captured graph replayed several times, on the bf16 path and with every dense
+// projection on FP8 (quantizers and sm90 GEMMs, the RoPE/cache, absorbed projections, the
+// attention with its split-KV combine: max_context 1024 makes it split). Each output is poisoned
+// before it is produced. The step captured with PDL on holds programmatic edges, with it off none.
+TEST_P(MlaBlockGpu, DecodePdlOnOffBitwiseEqual) {
+  const MlaConfig c = gpu_config(GetParam());
+  const HostTensors t = make_tensors(c, 91);
+  const Batch b = make_batch({15, 3, 40});
+  const int B = b.num_seqs();
+  const auto x = normal_bf16(b.tokens() * c.hidden, 92, 1.0f), xd = normal_bf16(B * c.hidden, 93, 1.0f);
+  const Buffer d_x = to_device(x), d_xd = to_device(xd), d_off = to_device(b.offsets),
+               d_start = to_device(b.cache_start), d_pos = to_device(b.lens);
+  const size_t out_elems = static_cast<size_t>(B * c.hidden);
+  MlaOptions all_fp8 = options(true);
+  all_fp8.tagged.policy = Fp8Policy::all;
+  all_fp8.fp8_fused_qkv_a = true;
+  all_fp8.fp8_kv_b_proj = true;
+  for (const MlaOptions& o : {options(false), all_fp8}) {
+    const std::string path = o.tagged.fp8 ? "all dense FP8" : "bf16";
+    MlaBlock dev(MemorySpace::device, c, t.view(), o);
+    Buffer d_py(MemorySpace::device, static_cast<size_t>(b.tokens() * c.hidden) * 2);
+    dev.prefill(d_x.data<bf16>(), {B, d_off.data<int32_t>(), d_start.data<int32_t>(), b.offsets.data()},
+                d_py.data<bf16>());
+    const MlaDecodeBatch batch{B, d_pos.data<int32_t>(), d_start.data<int32_t>(), 1024};
+    Buffer d_y = poisoned(out_elems * 2);
+    const CudaStream stream;
+    std::vector<bf16> ref;
+    for (bool pdl : {false, true}) {
+      const testing::PdlOverride mode(pdl);
+      const std::string tag = path + ", PDL " + (pdl ? "on" : "off");
+      for (int rep = 0; rep < 3; ++rep) {
+        fill_bytes(MemorySpace::device, d_y.data(), d_y.bytes(), 0xff);
+        dev.decode(d_xd.data<bf16>(), batch, d_y.data<bf16>(), stream.handle());
+        stream.sync();
+        const auto y = to_host<bf16>(d_y.data(), out_elems);
+        if (ref.empty()) {
+          ref = y;
+          EXPECT_EQ(non_finite(ref), 0) << tag;
+        }
+        EXPECT_EQ(0, std::memcmp(y.data(), ref.data(), ref.size() * 2)) << tag << ", eager step " << rep;
+      }
+      MlaDecodeGraph graph(dev, d_xd.data<bf16>(), batch, d_y.data<bf16>());
+      for (int rep = 0; rep < 3; ++rep) {
+        fill_bytes(MemorySpace::device, d_y.data(), d_y.bytes(), 0xff);
+        graph.replay(stream.handle());
+        stream.sync();
+        const auto y = to_host<bf16>(d_y.data(), out_elems);
+        EXPECT_EQ(0, std::memcmp(y.data(), ref.data(), ref.size() * 2)) << tag << ", graph replay " << rep;
+      }
+      // The same step captured here, to read its edges (MlaDecodeGraph keeps its graph private).
+      cudaStream_t s = static_cast<cudaStream_t>(stream.handle());
+      cudaGraph_t g = nullptr;
+      ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+      try {
+        dev.decode(d_xd.data<bf16>(), batch, d_y.data<bf16>(), stream.handle());
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << tag << ", inside the capture: " << e.what();
+      }
+      ASSERT_EQ(cudaStreamEndCapture(s, &g), cudaSuccess) << tag;
+      const int edges = testing::programmatic_edges(g);
+      std::printf("%s, %s: %d programmatic edges in the captured decode step\n", c.model.c_str(), tag.c_str(), edges);
+      if (pdl)
+        EXPECT_GT(edges, 0) << tag;
+      else
+        EXPECT_EQ(edges, 0) << tag;
+      cudaGraphDestroy(g);
+    }
   }
 }
 

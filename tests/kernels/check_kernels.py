@@ -26,6 +26,12 @@
    kWatchdog; FP8PROJ_WATCHDOG_MS picks), and only the watchdog builds contain its code (a
    %globaltimer read): the default kernels must stay the code they were before it (the watchdog
    builds measured 2.6% slower, docs/robustness.md).
+7. Programmatic dependent launch (FP8PROJ_PDL, src/cuda/common/pdl.cuh): every kernel the
+   decode path launches through cuda/common/launch.hpp -- the sm90 GEMMs, the activation
+   quantizers, the MLA decode kernels -- contains griddepcontrol.wait (SASS `ACQBULK`) and
+   griddepcontrol.launch_dependents (`PREEXIT`), and no global load, store, atomic or TMA copy
+   comes before the first ACQBULK in program order (the rule: nothing global before the wait;
+   the tensor-map prefetch, `UTMACCTL`, and parameter loads, `LDC`, may).
 
 cuobjdump comes with the CUDA toolkit or from PyPI (nvidia-cuda-cuobjdump +
 nvidia-cuda-nvdisasm, installed by scripts/setup-deps.sh). Without it the test exits 77,
@@ -76,6 +82,37 @@ def carried_through_epilogue(block):
     if last_q is None:
         return False
     return not any("WARPGROUP.DEPBAR" in line for line in lines[last_q:first_stsm])
+
+
+# Kernels launched with programmatic dependent launch when FP8PROJ_PDL=1 (check 7).
+PDL_KERNELS = ("sm90_fp8_gemm", "activation_quant_kernel", "rmsnorm_kernel", "decode_rope_kernel",
+               "head_gemm_kernel", "decode_attention_sm90_kernel", "decode_combine_kernel")
+# Global-memory instructions (opcode before the first dot): none may precede the PDL wait.
+GLOBAL_OPS = {"LDG", "STG", "LD", "ST", "ATOM", "ATOMG", "RED", "REDG", "LDGSTS", "UTMALDG", "UTMASTG",
+              "UBLKCP", "UTMAREDG", "UBLKRED", "LDGDEPBAR"}
+
+
+def opcodes(block):
+    """The block's instructions' opcodes (without modifiers or predicate), in program order."""
+    out = []
+    for line in block.split("\n"):
+        m = re.match(r"\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", line)
+        if m:
+            out.append(m.group(1))
+    return out
+
+
+def pdl_problem(block):
+    """Why the block breaks check 7, or None."""
+    ops = opcodes(block)
+    if "ACQBULK" not in ops:
+        return "no griddepcontrol.wait (ACQBULK)"
+    if "PREEXIT" not in ops:
+        return "no griddepcontrol.launch_dependents (PREEXIT)"
+    early = [op for op in ops[: ops.index("ACQBULK")] if op in GLOBAL_OPS]
+    if early:
+        return "global memory accessed before griddepcontrol.wait: " + ", ".join(sorted(set(early)))
+    return None
 
 
 def main():
@@ -154,10 +191,21 @@ def main():
         for k in single:
             print("FAIL: not built both with and without the watchdog:", k)
         return 1
+    pdl = [b for b in blocks if any(k in b.split("\n", 1)[0] for k in PDL_KERNELS)]
+    missing_pdl = [k for k in PDL_KERNELS if not any(k in b.split("\n", 1)[0] for b in pdl)]
+    if missing_pdl:
+        print("FAIL: kernels of the PDL launch path not found in the library:", ", ".join(missing_pdl))
+        return 1
+    bad_pdl = [(b.split("\n", 1)[0], pdl_problem(b)) for b in pdl if pdl_problem(b)]
+    if bad_pdl:
+        for name, why in bad_pdl:
+            print(f"FAIL: {name}: {why}")
+        return 1
     n_carry = sum(carries(b.split("\n", 1)[0]) for b in gemm)
     print(f"OK: {len(funcs)} kernels with zero stack/local memory; {len(gemm)} FP8 GEMM kernels use QGMMA; "
           f"{n_carry} carry a K block through their epilogue; all load the weight with an L2 policy; "
-          f"{len(watched)} built with and without the watchdog")
+          f"{len(watched)} built with and without the watchdog; {len(pdl)} kernels wait (ACQBULK) before "
+          f"their first global access and release their dependents (PREEXIT)")
     return 0
 
 

@@ -45,6 +45,8 @@
 #include "cuda/attention/attention_kernels.hpp"
 #include "cuda/attention/sm90_attention_common.cuh"
 #include "core/cuda_check.hpp"
+#include "cuda/common/launch.hpp"
+#include "cuda/common/pdl.cuh"
 
 namespace fp8proj::gpu {
 namespace attn {
@@ -94,6 +96,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_attention_sm90_kernel(cons
 
   const int split = blockIdx.x, head0 = blockIdx.y * kHeads, b = blockIdx.z;
   const int tid = threadIdx.x, wg = tid / kWarpgroupThreads, wg_tid = tid % kWarpgroupThreads;
+  pdl_wait_then_release();  // cache_len, q and the cache come from the kernels before (cuda/common/pdl.cuh)
   const int start = p.cache_start[b], len = p.cache_len[b];
   const int nb = len > 0 ? (len + kBlockN - 1) / kBlockN : 0;
   const int per = (nb + p.splits - 1) / p.splits;
@@ -218,6 +221,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_attention_sm90_kernel(cons
 __global__ void __launch_bounds__(128) decode_combine_kernel(const float* part_o, const float* part_lse, bf16* out,
                                                              int splits) {
   const int64_t bh = blockIdx.x;
+  pdl_wait_then_release();  // the partials of decode_attention_sm90_kernel (cuda/common/pdl.cuh)
   const float* lse = part_lse + bh * splits;
   float mx = -INFINITY;
   for (int s = 0; s < splits; ++s) mx = fmaxf(mx, lse[s]);
@@ -284,13 +288,10 @@ void launch_decode_attention(const DecodeAttentionArgs& a, int splits, StreamHan
   const dim3 grid(static_cast<unsigned>(splits),
                   static_cast<unsigned>((a.heads + kDecodeHeadsPerCta - 1) / kDecodeHeadsPerCta),
                   static_cast<unsigned>(a.batch));
-  attn::decode_attention_sm90_kernel<<<grid, attn::kThreads, kSmem, s>>>(p);
-  CUDA_CHECK_LAUNCH();
-  if (splits > 1) {
-    attn::decode_combine_kernel<<<static_cast<unsigned>(static_cast<int64_t>(a.batch) * a.heads), 128, 0, s>>>(
-        p.part_o, p.part_lse, a.out_latent, splits);
-    CUDA_CHECK_LAUNCH();
-  }
+  launch_kernel({grid, dim3(attn::kThreads), kSmem, s}, attn::decode_attention_sm90_kernel, p);
+  if (splits > 1)
+    launch_kernel({dim3(static_cast<unsigned>(static_cast<int64_t>(a.batch) * a.heads)), dim3(128), 0, s},
+                  attn::decode_combine_kernel, p.part_o, p.part_lse, a.out_latent, splits);
 }
 
 }  // namespace fp8proj::gpu

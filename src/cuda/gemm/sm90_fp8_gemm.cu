@@ -20,6 +20,7 @@
 
 #include "core/cuda_check.hpp"
 #include "core/device_fault.hpp"
+#include "cuda/common/launch.hpp"
 #include "cuda/common/tensor_map.hpp"
 #include "cuda/kernels/sm90_fp8_gemm_1d2d.cuh"
 #include "cuda/kernels/sm90_fp8_gemm_swapab.cuh"
@@ -144,27 +145,14 @@ void launch_1d2d(const Fp8GemmArgs& x, const Config& cfg, int num_sms, cudaStrea
   watchdog.m = m32;
   watchdog.n = n32;
   watchdog.k = k32;
-  if constexpr (T::kCluster == 1) {
-    kernel<<<static_cast<unsigned>(g.grid), T::kThreads, smem, stream>>>(
-        maps.a, maps.sfa, maps.b, maps.d, x.b_scales, m32, n32, k32, group, evict_first, watchdog);
-    CUDA_CHECK_LAUNCH();
-  } else {
-    const int clusters = std::min<int64_t>(g.grid / T::kCluster, max_active_clusters(kernel, T::kCluster, T::kThreads, smem));
-    cudaLaunchConfig_t lc{};
-    lc.gridDim = dim3(static_cast<unsigned>(clusters * T::kCluster), 1, 1);
-    lc.blockDim = dim3(T::kThreads, 1, 1);
-    lc.dynamicSmemBytes = smem;
-    lc.stream = stream;
-    cudaLaunchAttribute attr{};
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = T::kCluster;
-    attr.val.clusterDim.y = 1;
-    attr.val.clusterDim.z = 1;
-    lc.attrs = &attr;
-    lc.numAttrs = 1;
-    CUDA_CHECK(cudaLaunchKernelEx(&lc, kernel, maps.a, maps.sfa, maps.b, maps.d, x.b_scales, m32, n32, k32, group,
-                                  evict_first, watchdog));
-  }
+  unsigned grid = static_cast<unsigned>(g.grid);
+  if constexpr (T::kCluster > 1)
+    grid = static_cast<unsigned>(
+        std::min<int64_t>(g.grid / T::kCluster, max_active_clusters(kernel, T::kCluster, T::kThreads, smem)) *
+        T::kCluster);
+  // Programmatic dependent launch when FP8PROJ_PDL=1 (cuda/common/launch.hpp).
+  gpu::launch_kernel({dim3(grid), dim3(T::kThreads), smem, stream, static_cast<unsigned>(T::kCluster)}, kernel,
+                     maps.a, maps.sfa, maps.b, maps.d, x.b_scales, m32, n32, k32, group, evict_first, watchdog);
 }
 
 // Large-M kernels that also exist compiled for the K of the target shapes (kernels::FixedK):
@@ -214,11 +202,10 @@ void launch_swapab(const Fp8GemmArgs& x, const Config& cfg, void* workspace, int
   watchdog.n = static_cast<uint32_t>(x.n);
   watchdog.k = static_cast<uint32_t>(x.k);
   watchdog.split_k = static_cast<uint32_t>(cfg.split_k);
-  kernel<<<static_cast<unsigned>(g.grid), T::kThreads, smem, stream>>>(
-      maps.a, maps.sfa, maps.b, maps.d, x.b_scales, static_cast<uint32_t>(x.m), static_cast<uint32_t>(x.n),
-      static_cast<uint32_t>(x.k), static_cast<uint32_t>(cfg.split_k), counters, partials,
-      reinterpret_cast<uint16_t*>(x.d), watchdog);
-  CUDA_CHECK_LAUNCH();
+  gpu::launch_kernel({dim3(static_cast<unsigned>(g.grid)), dim3(T::kThreads), smem, stream}, kernel, maps.a,
+                     maps.sfa, maps.b, maps.d, x.b_scales, static_cast<uint32_t>(x.m), static_cast<uint32_t>(x.n),
+                     static_cast<uint32_t>(x.k), static_cast<uint32_t>(cfg.split_k), counters, partials,
+                     reinterpret_cast<uint16_t*>(x.d), watchdog);
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }

@@ -67,6 +67,7 @@
 
 #include <cstdint>
 
+#include "cuda/common/pdl.cuh"
 #include "cuda/kernels/ptx/cluster.cuh"
 #include "cuda/kernels/ptx/fence.cuh"
 #include "cuda/kernels/ptx/mbarrier.cuh"
@@ -219,6 +220,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     ptx::cluster_sync();  // the peer's barriers are initialised before any multicast or remote arrive
   else
     __syncthreads();
+  // Programmatic dependent launch (cuda/common/pdl.cuh): the prologue above touched only
+  // parameters and shared memory; A, its scales and the weight are read, D written, after this.
+  gpu::pdl_wait_then_release();
 
   // With clusters the scheduler walks units of kCluster tiles: (m_pair, n_block) -> this CTA
   // computes M block kCluster * m_pair + rank; along N, (m_block, n_pair) -> N block

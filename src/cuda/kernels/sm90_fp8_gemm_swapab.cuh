@@ -44,6 +44,7 @@
 
 #include <cstdint>
 
+#include "cuda/common/pdl.cuh"
 #include "cuda/kernels/ptx/fence.cuh"
 #include "cuda/kernels/ptx/mbarrier.cuh"
 #include "cuda/kernels/ptx/setmaxnreg.cuh"
@@ -135,6 +136,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     init_tma_pipeline<kStages, kWatchdog>(smem, &tmap_a, &tmap_sfa, &tmap_b, &tmap_d, full, empty, T::kEmptyArrivals, done,
                                T::kMathWGs);
   __syncthreads();
+  // Programmatic dependent launch (cuda/common/pdl.cuh): the prologue above touched only
+  // parameters and shared memory; A, the weight, the split-K counters and partials are read or
+  // written, D written, after this.
+  gpu::pdl_wait_then_release();
 
   const SplitKUnitScheduler sched(m, n, k, BLOCK_TOK, BLOCK_W, split_k);
   uint32_t stage = 0, phase = 0;

@@ -27,6 +27,8 @@
 #include <cuda_runtime.h>
 
 #include "core/cuda_check.hpp"
+#include "cuda/common/launch.hpp"
+#include "cuda/common/pdl.cuh"
 #include "cuda/mla/mla_kernels.hpp"
 
 namespace fp8proj::mla::gpu {
@@ -129,6 +131,9 @@ __global__ void __launch_bounds__(kThreads) decode_rope_kernel(const DecodeRopeA
   __shared__ float cs[kMaxPairs], sn[kMaxPairs];
   const RopeDims& d = a.dims;
   const int b = blockIdx.x;
+  // positions and q come from earlier work, cache_len is read by the attention after it
+  // (cuda/common/pdl.cuh).
+  fp8proj::gpu::pdl_wait_then_release();
   const int32_t pos = __ldg(a.positions + b);
   if (threadIdx.x == 0) a.cache_len[b] = pos + 1;
   fill_cos_sin(d, pos, cs, sn);
@@ -162,8 +167,7 @@ void launch_prefill_rope(const PrefillRopeArgs& a, cudaStream_t stream) {
 
 void launch_decode_rope(const DecodeRopeArgs& a, cudaStream_t stream) {
   if (a.batch == 0) return;
-  decode_rope_kernel<<<static_cast<unsigned>(a.batch), kThreads, 0, stream>>>(a);
-  CUDA_CHECK_LAUNCH();
+  fp8proj::gpu::launch_kernel({dim3(static_cast<unsigned>(a.batch)), dim3(kThreads), 0, stream}, decode_rope_kernel, a);
 }
 
 }  // namespace fp8proj::mla::gpu

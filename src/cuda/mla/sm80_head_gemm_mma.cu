@@ -31,6 +31,8 @@
 #include <cuda_runtime.h>
 
 #include "core/cuda_check.hpp"
+#include "cuda/common/launch.hpp"
+#include "cuda/common/pdl.cuh"
 #include "cuda/mla/mla_kernels.hpp"
 
 namespace fp8proj::mla::gpu {
@@ -65,6 +67,7 @@ __global__ void __launch_bounds__(kThreads) head_gemm_kernel(const HeadGemmArgs 
   const int g = lane / 4, t = lane % 4;
   const int h = blockIdx.y;
   const int n0 = blockIdx.x * kColsPerCta + warp * kColsPerWarp;
+  fp8proj::gpu::pdl_wait_then_release();  // before the early exit and any load (cuda/common/pdl.cuh)
   if (n0 >= a.n) return;  // warp-uniform; n % 8 == 0, so tile 0 is whole
   const bool tile1 = n0 + 8 < a.n;
   const bf16* w = a.w + static_cast<int64_t>(h) * a.n * a.k;
@@ -120,8 +123,7 @@ __global__ void __launch_bounds__(kThreads) head_gemm_kernel(const HeadGemmArgs 
 void launch_head_gemm(const HeadGemmArgs& a, cudaStream_t stream) {
   if (a.rows == 0) return;
   const dim3 grid(static_cast<unsigned>(ceil_div(a.n, kColsPerCta)), static_cast<unsigned>(a.heads));
-  head_gemm_kernel<<<grid, kThreads, 0, stream>>>(a);
-  CUDA_CHECK_LAUNCH();
+  fp8proj::gpu::launch_kernel({grid, dim3(kThreads), 0, stream}, head_gemm_kernel, a);
 }
 
 }  // namespace fp8proj::mla::gpu

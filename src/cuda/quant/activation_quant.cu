@@ -29,6 +29,8 @@
 // Traffic: 2MK read + MK + MK/32 written; the bandwidth test in tests/gpu compares it with a
 // device-to-device copy of the same number of bytes (target >= 75%).
 #include "core/cuda_check.hpp"
+#include "cuda/common/launch.hpp"
+#include "cuda/common/pdl.cuh"
 #include "cuda/quant/fp8_group_quant.cuh"
 #include "cuda/quant/quant_kernels.hpp"
 
@@ -59,6 +61,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t row0 = int64_t{blockIdx.y} * kTileRows;
   const int64_t col = int64_t{blockIdx.x} * kTileCols + lane * kValuesPerLane;
   const bool col_ok = col < k;  // the same for the 8 lanes of a group: k % 128 == 0
+  pdl_wait_then_release();      // x comes from the kernel before (cuda/common/pdl.cuh)
 
   uint32_t w[kRowsPerWarp][kWordsPerLane];
 #pragma unroll
@@ -101,11 +104,11 @@ void launch_activation_quant(const bf16* x, int64_t m, int64_t k, const Fp8Activ
                              cudaStream_t stream) {
   if (m == 0) return;
   const dim3 grid(static_cast<unsigned>(ceil_div(k, kTileCols)), static_cast<unsigned>(ceil_div(m, kTileRows)));
+  const LaunchShape shape{grid, dim3(kThreads), 0, stream};
   if (mode == ScaleMode::ue8m0)
-    activation_quant_kernel<ScaleMode::ue8m0><<<grid, kThreads, 0, stream>>>(x, m, k, out.values, out.scales, out.scale_ld);
+    launch_kernel(shape, activation_quant_kernel<ScaleMode::ue8m0>, x, m, k, out.values, out.scales, out.scale_ld);
   else
-    activation_quant_kernel<ScaleMode::fp32><<<grid, kThreads, 0, stream>>>(x, m, k, out.values, out.scales, out.scale_ld);
-  CUDA_CHECK_LAUNCH();
+    launch_kernel(shape, activation_quant_kernel<ScaleMode::fp32>, x, m, k, out.values, out.scales, out.scale_ld);
 }
 
 }  // namespace fp8proj::gpu

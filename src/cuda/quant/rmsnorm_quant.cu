@@ -31,6 +31,8 @@
 //     group's 8 rows as one 32-byte run instead of 8 scattered 4-byte stores.
 //   - M = 4096: 512 CTAs, ~2 waves at 2 CTAs per SM; each row is 4 KB in + 2 KB out at K = 2048.
 #include "core/cuda_check.hpp"
+#include "cuda/common/launch.hpp"
+#include "cuda/common/pdl.cuh"
 #include "cuda/quant/fp8_group_quant.cuh"
 #include "cuda/quant/quant_kernels.hpp"
 
@@ -104,6 +106,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int64_t row = row0 + warp;
   const int64_t chunks = k / kChunk;
   const RowOut out{y, q, tile_scales};
+  pdl_wait_then_release();  // x comes from the kernel before (cuda/common/pdl.cuh)
 
   if (row < m) {  // warp-uniform
     const uint4* xr = reinterpret_cast<const uint4*>(x + row * x_stride);
@@ -151,18 +154,16 @@ __global__ void __launch_bounds__(kThreads, 2)
 void launch_rmsnorm(const bf16* x, int64_t x_stride, const bf16* w, float eps, int64_t m, int64_t k, bf16* y,
                     cudaStream_t stream) {
   if (m == 0) return;
-  rmsnorm_kernel<false><<<static_cast<unsigned>(ceil_div(m, kRowsPerCta)), kThreads, 0, stream>>>(
-      x, x_stride, w, eps, m, k, y, nullptr, nullptr, 0);
-  CUDA_CHECK_LAUNCH();
+  launch_kernel({dim3(static_cast<unsigned>(ceil_div(m, kRowsPerCta))), dim3(kThreads), 0, stream},
+                rmsnorm_kernel<false>, x, x_stride, w, eps, m, k, y, nullptr, nullptr, int64_t{0});
 }
 
 void launch_rmsnorm_quant(const bf16* x, int64_t x_stride, const bf16* w, float eps, int64_t m, int64_t k,
                           const Fp8ActivationOut& out, cudaStream_t stream) {
   if (m == 0) return;
   const size_t smem = static_cast<size_t>(k / kScaleBlock) * kRowsPerCta * sizeof(float);  // 16 KB at K = 65536
-  rmsnorm_kernel<true><<<static_cast<unsigned>(ceil_div(m, kRowsPerCta)), kThreads, smem, stream>>>(
-      x, x_stride, w, eps, m, k, nullptr, out.values, out.scales, out.scale_ld);
-  CUDA_CHECK_LAUNCH();
+  launch_kernel({dim3(static_cast<unsigned>(ceil_div(m, kRowsPerCta))), dim3(kThreads), smem, stream},
+                rmsnorm_kernel<true>, x, x_stride, w, eps, m, k, nullptr, out.values, out.scales, out.scale_ld);
 }
 
 }  // namespace fp8proj::gpu

@@ -117,6 +117,9 @@ def main():
     ap.add_argument("--jobs", type=int, default=12)
     ap.add_argument("--timeout", type=int, default=240, help="seconds per sanitizer run")
     ap.add_argument("--only", default="", help="comma list: restrict to these configurations / families (tests)")
+    ap.add_argument("--resume", action="store_true",
+                    help="skip every (configuration, tool) whose log in --out already ends with the tool's "
+                         "summary (a matrix cut short, its logs unpacked into --out): only the rest run")
     ap.add_argument("--from-logs", action="store_true",
                     help="write the matrix from the logs already in --out (a run cut short), running nothing")
     a = ap.parse_args()
@@ -153,6 +156,9 @@ def main():
     if a.only:
         keep = set(a.only.split(","))
         jobs = [j for j in jobs if j[0] in keep]
+    if a.resume:
+        jobs = [j for j in jobs if not finished_log(j[4])]
+        print(f"resume: {len(jobs)} runs without a finished log in {a.out}", flush=True)
 
     results = {}
     t0 = time.time()
@@ -168,6 +174,15 @@ def main():
             # After every run, so that a run cut short by its limit leaves the matrix so far.
             write_matrix(a.out, [label for label, *_ in jobs], tools, results, len(jobs))
     return finish(a.out, [label for label, *_ in jobs], tools, results, len(jobs), time.time() - t0)
+
+
+def finished_log(path):
+    """True when `path` holds a compute-sanitizer run that reached its summary line."""
+    try:
+        with open(path, errors="replace") as fh:
+            return bool(SUMMARY_RE.search(fh.read()))
+    except OSError:
+        return False
 
 
 def write_from_logs(out, tools, planned):

@@ -30,6 +30,7 @@
 #include "fp8proj/floor.hpp"
 #include "fp8proj/gemm.hpp"
 #include "fp8proj/gemm_config.hpp"
+#include "fp8proj/ops.hpp"
 #include "fp8proj/projection.hpp"
 #include "fp8proj/timing.hpp"
 #include "tune_common.hpp"
@@ -56,6 +57,7 @@ struct FloorArgs {
   std::string m;
   std::vector<std::string> shapes;
   int reps = 0;
+  bool launch_once = false;
   std::string csv, json;
 };
 
@@ -112,6 +114,61 @@ std::unique_ptr<CapturedCalls> capture_rotation(std::vector<std::unique_ptr<Proj
 
 std::string fmt_x(double v) { return v > 0 ? fmt::format("{:.2f}", v) : std::string("-"); }
 
+std::string shape_name(const ProjectionShape& s) {
+  const std::string label = shape_label(s.n, s.k);
+  return label == "custom" ? fmt::format("custom {}x{}", s.n, s.k) : label;
+}
+
+// --launch-once: each kernel of the measurement launched once per shape and M, untimed, in a
+// fixed order written to --csv (the manifest scripts/floor_table.py pairs with a profiler's
+// rows): per shape the weight read and the empty kernel, then per M the call (activation
+// quantization, GEMM) and the K = 128 call of the same N (once per N and M). No rotation, no
+// graph, no bandwidth measurement: under Nsight Compute every matched launch is replayed, and
+// its own cache control flushes before each.
+void run_launch_once(const std::vector<ProjectionShape>& shapes, const std::vector<int64_t>& ms,
+                     const std::string& manifest) {
+  fmt::print("fp8proj floor --launch-once -- {}\n", space_banner(MemorySpace::device));
+  const int64_t max_m = ms.back();
+  Buffer sink(MemorySpace::device, read_kernel_sink_words() * sizeof(uint32_t));
+  std::string csv = "seq,label,n,k,m,role,kernel\n";
+  int seq = 0;
+  auto note = [&](const std::string& label, int64_t n, int64_t k, int64_t m, const char* role, const char* kernel) {
+    csv += fmt::format("{},{},{},{},{},{},{}\n", seq++, csv_escape(label), n, k, m, role, kernel);
+  };
+  std::map<std::pair<int64_t, int64_t>, bool> k128_done;
+  for (const ProjectionShape& s : shapes) {
+    const std::string label = shape_name(s);
+    Tensor w = random_bf16(MemorySpace::device, s.n, s.k, 11, 0.02f);
+    Tensor w128 = random_bf16(MemorySpace::device, s.n, 128, 14, 0.02f);
+    Tensor x = random_bf16(MemorySpace::device, max_m, s.k, 12, 1.0f);
+    Tensor y = random_bf16(MemorySpace::device, max_m, s.n, 13, 1.0f);
+    auto layer = rotation_layers(w, s.n, s.k, 1, max_m, label + " fp8");
+    auto layer128 = rotation_layers(w128, s.n, 128, 1, max_m, fmt::format("{}x128 fp8", s.n));
+    const Fp8WeightView v = *layer[0]->fp8_weight();
+    const size_t scale_bytes = fp8_weight_bytes(s.n, s.k) - static_cast<size_t>(s.n * s.k);
+    launch_read_kernel(v.values, static_cast<size_t>(s.n * s.k), v.scales, scale_bytes, sink.data<uint32_t>(),
+                       nullptr);
+    note(label, s.n, s.k, 0, "read", "floor_read_kernel");
+    launch_empty_kernel(nullptr);
+    note(label, s.n, s.k, 0, "empty", "floor_empty_kernel");
+    for (int64_t m : ms) {
+      layer[0]->forward(x.data(), m, y.data(), nullptr);
+      note(label, s.n, s.k, m, "quant", "activation_quant");
+      note(label, s.n, s.k, m, "gemm", "sm90_fp8_gemm");
+      if (!k128_done[{s.n, m}]) {
+        k128_done[{s.n, m}] = true;
+        layer128[0]->forward(x.data(), m, y.data(), nullptr);
+        note(label, s.n, 128, m, "quant_k128", "activation_quant");
+        note(label, s.n, 128, m, "gemm_k128", "sm90_fp8_gemm");
+      }
+    }
+    quant_ops(MemorySpace::device).synchronize(nullptr);
+    fmt::print("  {}: {} launches so far\n", label, seq);
+  }
+  if (!manifest.empty()) write_text(manifest, csv);
+  fmt::print("{} launches; manifest {}\n", seq, manifest.empty() ? std::string("not written (no --csv)") : manifest);
+}
+
 void run_floor(const FloorArgs& a) {
   // Every argument resolved before anything prints or runs.
   std::vector<ProjectionShape> shapes;
@@ -137,6 +194,8 @@ void run_floor(const FloorArgs& a) {
   const std::vector<int64_t> ms = parse_m_list(!a.m.empty() ? a.m : "1,4,16,32,64");
   FP8PROJ_CHECK(ms.back() <= kMaxFloorM, "--m ", ms.back(), " is above ", kMaxFloorM,
                 ": floor measures decode-sized batches (use bench for prefill)");
+  FP8PROJ_CHECK(!a.launch_once || (a.json.empty() && a.reps == 0),
+                "--launch-once times nothing: --json and --reps do not apply (--csv names its launch manifest)");
   check_outputs({{"--csv", a.csv}, {"--json", a.json}});
   // Measured on the GPU only: a CPU time would say nothing about where a GPU's time goes.
   const DeviceInfo& dev = current_device();
@@ -144,6 +203,8 @@ void run_floor(const FloorArgs& a) {
                 dev.present ? "not usable" : dev.why_absent, "); nothing was measured");
   FP8PROJ_CHECK(dev.is_sm90(), "fp8proj floor measures the sm_90 FP8 GEMM; this GPU is ", dev.arch(),
                 "; nothing was measured");
+
+  if (a.launch_once) return run_launch_once(shapes, ms, a.csv);
 
   fmt::print("fp8proj floor -- {}\n", space_banner(MemorySpace::device));
   TimingOptions topt;
@@ -173,8 +234,7 @@ void run_floor(const FloorArgs& a) {
   for (const ProjectionShape& s : shapes) {
     ShapeFloor f;
     f.shape = s;
-    f.label = shape_label(s.n, s.k);
-    if (f.label == "custom") f.label = fmt::format("custom {}x{}", s.n, s.k);
+    f.label = shape_name(s);
     f.weight_bytes = fp8_weight_bytes(s.n, s.k);
     f.copies = rotation_copies(f.weight_bytes, l2, kL2Factor, kMaxCopies);
     f.calls = graph_calls(f.copies, kMinGraphCalls);
@@ -395,6 +455,10 @@ void register_floor(CLI::App& app) {
                                               kMaxFloorM));
   cmd->add_option("--reps", args->reps, "Timed calls (or replays) per variant (default 50)")
       ->transform(int_in(1, kMaxCliReps));
+  cmd->add_flag("--launch-once", args->launch_once,
+                "For a profiler (Nsight Compute): launch each kernel once per shape and M (weight read, empty kernel, "
+                "activation quantization + GEMM, the K = 128 call), untimed, no graphs; --csv writes the launch "
+                "manifest scripts/floor_table.py pairs with the profiler's rows");
   cmd->add_option("--csv", args->csv, "Write one row per shape and M as CSV (scripts/floor_table.py reads it)");
   cmd->add_option("--json", args->json, "Write the rows, the read bandwidth and the summary as JSON with the GPU stamp");
   cmd->callback([args] { run_floor(*args); });

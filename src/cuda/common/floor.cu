@@ -26,7 +26,7 @@ constexpr int kReadThreads = 256;
 constexpr int kReadUnroll = 4;
 constexpr int kMaxCtasPerSm = 8;
 
-__global__ void empty_kernel() {}
+__global__ void floor_empty_kernel() {}
 
 __device__ __forceinline__ uint32_t fold(uint4 v) { return v.x ^ v.y ^ v.z ^ v.w; }
 
@@ -51,7 +51,7 @@ __device__ __forceinline__ uint32_t read_segment(const uint4* p, size_t bytes, s
   return acc;
 }
 
-__global__ void __launch_bounds__(kReadThreads) read_kernel(const uint4* a, size_t a_bytes, const uint4* b,
+__global__ void __launch_bounds__(kReadThreads) floor_read_kernel(const uint4* a, size_t a_bytes, const uint4* b,
                                                             size_t b_bytes, uint32_t* sink) {
   const size_t first = size_t{blockIdx.x} * kReadThreads + threadIdx.x;
   const size_t stride = size_t{gridDim.x} * kReadThreads;
@@ -74,7 +74,7 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 
 }  // namespace
 
 void launch_empty_kernel(StreamHandle stream) {
-  empty_kernel<<<1, 32, 0, static_cast<cudaStream_t>(stream)>>>();
+  floor_empty_kernel<<<1, 32, 0, static_cast<cudaStream_t>(stream)>>>();
   CUDA_CHECK_LAUNCH();
 }
 
@@ -88,7 +88,7 @@ void launch_read_kernel(const void* a, size_t a_bytes, const void* b, size_t b_b
   const auto vecs = static_cast<int64_t>((a_bytes + b_bytes) / 16 + 1);
   const int64_t ctas = std::clamp<int64_t>(ceil_div(vecs, int64_t{kReadThreads} * kReadUnroll), 1,
                                            static_cast<int64_t>(read_kernel_sink_words()));
-  read_kernel<<<static_cast<unsigned>(ctas), kReadThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+  floor_read_kernel<<<static_cast<unsigned>(ctas), kReadThreads, 0, static_cast<cudaStream_t>(stream)>>>(
       static_cast<const uint4*>(a), a_bytes, static_cast<const uint4*>(b), b_bytes, sink);
   CUDA_CHECK_LAUNCH();
 }

@@ -42,9 +42,10 @@ namespace {
 // M is a decode batch here; 16384 rows keep x and y of the largest shape (K or N = 24576) under
 // 1 GiB each.
 constexpr int64_t kMaxFloorM = 16384;
-// Rotation copies: at most 256 for a shape (3.6 MB and more per copy reach 3 x a 60 MB L2
-// within it) and 64 for the K = 128 estimate, whose weights (< 3.2 MB) cost < 1 us to read
-// even from DRAM, so a partly L2-resident rotation changes it by less than that.
+// Rotation copies: at most 256 for a shape (every shipped weight, 1.8 MB and up, reaches 3 x a
+// 60 MB L2 within 100) and 64 for the K = 128 estimate: where that cap binds (3 x L2 / 64, under
+// 3 MB per copy) the weight costs under 1 us to read even from DRAM, so a partly L2-resident
+// rotation moves the estimate by less than that.
 constexpr int kMaxCopies = 256;
 constexpr int kMaxCopiesK128 = 64;
 // Calls per graph: at least 32, so that the graph launch's own cost (one per replay) is spread.

@@ -169,6 +169,8 @@ done
 # scripts/floor_table.py joins the two into results/floor/floor.md.
 want floor && {
   mkdir -p "$R/floor"
+  # First the command checked end to end on two small shapes (tests/scripts/test_floor_cli.py).
+  run floor_cli_test 120 python3 tests/scripts/test_floor_cli.py "$FP8"
   run floor 300 "$FP8" floor --m 1,4,16,32,64 --csv "$R/floor/floor.csv" --json "$R/floor/floor.json"
   command -v ncu >/dev/null && {
     run floor_ncu 240 ncu --clock-control none -k regex:'sm90_fp8|activation_quant|floor_' \

@@ -163,7 +163,8 @@ void run_bench(const BenchArgs& a) {
       for (size_t i = 0; i < modes.size(); ++i) {
         Row r{s, m, t[0], t[2 + 2 * i], t[3 + 2 * i], t[1], to_string(l_gate.path_for(m)), fp8_backend, modes[i]};
         const ProjectionMemory fm = l_fp8[i]->memory();
-        if (gpu && fp8_ok && m <= kFloorMaxM) r.floor_us = byte_floor_us(double(fm.fp8_values + fm.fp8_scales), read_bw);
+        if (gpu && fp8_ok && m <= kFloorMaxM)
+          r.floor_us = byte_floor_us(double(fm.fp8_values + fm.fp8_scales), read_bw);
         // The floor columns: the number at small M on the GPU, "n/a" on the CPU reference.
         auto flr = [&](double v) {
           if (r.floor_us > 0) return v > 0 ? fmt::format("{:.2f}", v / r.floor_us) : std::string("-");

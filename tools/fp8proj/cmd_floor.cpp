@@ -109,7 +109,9 @@ std::vector<std::unique_ptr<ProjectionLayer>> rotation_layers(const Tensor& w, i
 std::unique_ptr<CapturedCalls> capture_rotation(std::vector<std::unique_ptr<ProjectionLayer>>& layers, int calls,
                                                 const bf16* x, int64_t m, bf16* y) {
   return std::make_unique<CapturedCalls>(
-      [&layers, x, m, y](int i, StreamHandle s) { layers[static_cast<size_t>(i) % layers.size()]->forward(x, m, y, s); },
+      [&layers, x, m, y](int i, StreamHandle s) {
+        layers[static_cast<size_t>(i) % layers.size()]->forward(x, m, y, s);
+      },
       calls);
 }
 
@@ -461,7 +463,8 @@ void register_floor(CLI::App& app) {
                 "activation quantization + GEMM, the K = 128 call), untimed, no graphs; --csv writes the launch "
                 "manifest scripts/floor_table.py pairs with the profiler's rows");
   cmd->add_option("--csv", args->csv, "Write one row per shape and M as CSV (scripts/floor_table.py reads it)");
-  cmd->add_option("--json", args->json, "Write the rows, the read bandwidth and the summary as JSON with the GPU stamp");
+  cmd->add_option("--json", args->json,
+                  "Write the rows, the read bandwidth and the summary as JSON with the GPU stamp");
   cmd->callback([args] { run_floor(*args); });
 }
 

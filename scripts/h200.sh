@@ -11,7 +11,7 @@
 #                                               ntail layer_dense decode_policy layer_residual
 #                                               faults sanitize_all tune_dense deepgemm_ntail
 #                                               python_overhead python_tests python_bench soak
-#                                               python_fp8ckpt pdl_ab
+#                                               python_fp8ckpt pdl_ab floor
 #                                               (default: info tests verify bench layer harness
 #                                               sanitize)
 # Each step has its own timeout so that one hang cannot eat the whole budget.
@@ -182,6 +182,28 @@ want pdl_ab && {
     done
   done
   python3 scripts/pdl_ab.py "$R/pdl_ab" --md "$R/pdl_ab/summary.md" --csv "$R/pdl_ab/summary.csv"
+}
+# floor: where a small-M FP8 GEMM's time goes (docs/decode.md). `fp8proj floor` over every shipped
+# shape (GLM-5 and DeepSeek-V3 dense GEMMs, TP 1/2/4/8; 26 shapes) at M 1,4,16,32,64: the call
+# eager and in graph replay, the empty kernel, the weight read, the floor; then Nsight Compute
+# (clocks left alone) over one launch of each kernel at M 1,16,64 (`--launch-once`), and
+# scripts/floor_table.py joins the two into results/floor/floor.md.
+want floor && {
+  mkdir -p "$R/floor"
+  # First the command checked end to end on two small shapes (tests/scripts/test_floor_cli.py).
+  run floor_cli_test 120 python3 tests/scripts/test_floor_cli.py "$FP8"
+  run floor 300 "$FP8" floor --m 1,4,16,32,64 --csv "$R/floor/floor.csv" --json "$R/floor/floor.json"
+  command -v ncu >/dev/null && {
+    run floor_ncu 240 ncu --clock-control none -k regex:'sm90_fp8|activation_quant|floor_' \
+      --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size,launch__block_size,sm__cycles_active.avg,sm__throughput.avg.pct_of_peak_sustained_elapsed \
+      -f -o "$R/floor/ncu" "$FP8" floor --launch-once --m 1,16,64 --csv "$R/floor/launches.csv"
+    ncu --import "$R/floor/ncu.ncu-rep" --csv --page raw --print-units base >"$R/floor/ncu.csv" 2>"$R/floor/ncu_import.log"
+  }
+  ncu_args=(); [ -s "$R/floor/ncu.csv" ] && ncu_args=(--manifest "$R/floor/launches.csv" --ncu "$R/floor/ncu.csv")
+  # An ncu export the table cannot read leaves the timed columns: the table without ncu.
+  [ -s "$R/floor/floor.csv" ] && { python3 scripts/floor_table.py --floor "$R/floor/floor.csv" "${ncu_args[@]}" \
+    --md "$R/floor/floor.md" || python3 scripts/floor_table.py --floor "$R/floor/floor.csv" --md "$R/floor/floor.md"; } \
+    && tail -n 12 "$R/floor/floor.md"
 }
 want verify && run verify 180 "$FP8" verify --case 1x256x384 --case 17x384x256 --case 300x2048x1536 \
   --case 129x6144x2048 --case 1000x4096x2048 --case 4097x2048x1536 --case 33x2624x6144 --case 300x2112x7168 \

@@ -57,4 +57,10 @@ std::string config_name(const GemmConfig& config);
 // every other backend: "" only).
 GemmConfig parse_gemm_config(std::string_view backend, std::string_view name);
 
+// CTAs the launch of `config` runs for an M x N x K problem on num_sms SMs: the persistent grid,
+// min(work tiles x split-K, SMs in whole clusters) (sm90::tile_grid); 0 for HeuristicConfig or
+// an invalid problem. A clustered launch can run fewer, where a GPC cannot hold a whole cluster
+// (cudaOccupancyMaxActiveClusters decides at launch); the small-M kernels have no clusters.
+int64_t config_grid_ctas(const GemmConfig& config, int64_t m, int64_t n, int64_t k, int num_sms);
+
 }  // namespace fp8proj

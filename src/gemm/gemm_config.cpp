@@ -31,4 +31,11 @@ GemmConfig parse_gemm_config(std::string_view backend, std::string_view name) {
                "' (only sm90_fp8_block has; \"\" is the backend's own choice)");
 }
 
+int64_t config_grid_ctas(const GemmConfig& config, int64_t m, int64_t n, int64_t k, int num_sms) {
+  const auto* c = std::get_if<sm90::Config>(&config);
+  const sm90::Problem p{m, n, k, num_sms};
+  if (!c || m <= 0 || !sm90::problem_ok(p)) return 0;
+  return sm90::tile_grid(*c, p).grid;
+}
+
 }  // namespace fp8proj

@@ -91,7 +91,8 @@ def cases(tmp):
                      (["tune", "--cpu", "--check", nostamp], "--check-m"),
                      (["layer", "--cpu"], "--seqs"), (["layer", "--cpu"], "--tp"), (["layer", "--cpu"], "--model"),
                      (["tp", "explain", "--cpu"], "--tp"), (["tp", "explain", "--cpu"], "--model"),
-                     (["tp", "check"], "--what")]:
+                     (["tp", "check"], "--what"), (["floor"], "--m"), (["floor"], "--shape"), (["floor"], "--tp"),
+                     (["floor"], "--csv")]:
         label = "_".join(c.strip("-") for c in cmd[:2]) + "_" + opt.strip("-").replace("-", "_")
         out.append((f"empty_{label}", cmd + [opt, ""], {}, False, opt, {"quiet": True}))
     out += [
@@ -153,6 +154,28 @@ def cases(tmp):
          {"quiet": True}),
         ("check_csv_is_table", ["tune", "--cpu", "--check", nostamp, "--csv", nostamp], {}, False, "name the same file",
          {"quiet": True}),
+        # fp8proj floor: its arguments checked before any work, with or without a GPU; without one
+        # (none visible), one line saying nothing was measured -- never a table.
+        ("floor_m_zero", ["floor", "--m", "0"], {}, False, "--m", {"quiet": True}),
+        ("floor_m_above_bound", ["floor", "--m", "1,65536"], {}, False, "--m 65536", {"quiet": True}),
+        ("floor_shape_unaligned", ["floor", "--shape", "256x100"], {}, False, "K=100 is not a multiple of 128",
+         {"quiet": True}),
+        ("floor_shape_n_unaligned", ["floor", "--shape", "100x256"], {}, False, "N=100", {"quiet": True}),
+        ("floor_tp_not_dividing", ["floor", "--model", "glm5", "--tp", "3"], {}, False, "--tp 3", {"quiet": True}),
+        ("floor_model_unknown", ["floor", "--model", "glm6"], {}, False, "--model: unknown model", {"quiet": True}),
+        ("floor_reps_zero", ["floor", "--reps", "0"], {}, False, "--reps", {"quiet": True}),
+        ("floor_launch_once_json", ["floor", "--launch-once", "--json", os.path.join(tmp, "f.json")], {}, False,
+         "--launch-once", {"quiet": True}),
+        ("floor_launch_once_reps", ["floor", "--launch-once", "--reps", "3"], {}, False, "--launch-once",
+         {"quiet": True}),
+        ("floor_csv_folder", ["floor", "--csv", tmp], {}, False, "is a folder", {"quiet": True}),
+        ("floor_csv_json_same", ["floor", "--csv", os.path.join(tmp, "f.out"), "--json", os.path.join(tmp, "f.out")],
+         {}, False, "name the same file", {"quiet": True}),
+        ("floor_no_gpu", ["floor", "--shape", "256x256", "--m", "1"], {"CUDA_VISIBLE_DEVICES": ""}, False,
+         "nothing was measured", {"quiet": True}),
+        ("floor_launch_once_no_gpu", ["floor", "--launch-once", "--shape", "256x256"], {"CUDA_VISIBLE_DEVICES": ""},
+         False, "nothing was measured", {"quiet": True}),
+        ("floor_shape_and_model", ["floor", "--shape", "256x256", "--model", "glm5"], {}, False, "excludes"),
         # 12. Options that do not apply are errors, not ignored.
         ("explain_shape_and_model", ["explain", "--shape", "256x256", "--model", "glm5"], {}, False, "excludes"),
         ("tune_check_and_max_m", ["tune", "--check", nostamp, "--max-m", "8"], {}, False, "excludes"),

@@ -1,6 +1,8 @@
 // fp8proj bench: per shape and M, the bf16 time, the FP8 path's time (activation
 // quantization included), the FP8 GEMM alone, their ratios to bf16, TFLOP/s, and the path
-// the gate picks with the time of that gated call. Measured as timing.hpp says (device
+// the gate picks with the time of that gated call; at M <= 64 also the weight-byte floor (FP8
+// weight bytes / this GPU's measured read bandwidth, floor.hpp) and each FP8 time's ratio to it.
+// Measured as timing.hpp says (device
 // events, L2 flushed before every timed call, median of many). Without a GPU it runs the
 // CPU reference at small sizes and says so.
 #include <fmt/format.h>
@@ -11,6 +13,7 @@
 #include "commands.hpp"
 #include "common.hpp"
 #include "fp8proj/error.hpp"
+#include "fp8proj/floor.hpp"
 #include "fp8proj/ops.hpp"
 #include "fp8proj/projection.hpp"
 #include "fp8proj/quantize.hpp"
@@ -39,7 +42,12 @@ struct Row {
   double bf16_us, fp8_us, gemm_us, gated_us;
   std::string path, fp8_backend;
   ScaleMode weight_scales = ScaleMode::ue8m0;  // of the FP8 copy the fp8 and gemm columns ran
+  double floor_us = 0;  // weight-byte floor of that copy at M <= kFloorMaxM on the GPU, else 0
 };
+
+// The small-M rows that show the weight-byte floor: decode batches, where the GEMM is bound by
+// its weight bytes (docs/decode.md).
+constexpr int64_t kFloorMaxM = 64;
 
 double tflops(int64_t m, int64_t n, int64_t k, double us) { return 2.0 * m * n * k / (us * 1e-6) / 1e12; }
 
@@ -76,6 +84,16 @@ void run_bench(const BenchArgs& a) {
   fmt::print("timing: median of {} calls per variant, interleaved call by call, after {} warm-up, L2 {}; "
              "ratio = bf16 time / FP8 time\n",
              topt.reps, topt.warmup, topt.flush_l2 ? "flushed before every timed call" : "not flushed");
+  double read_bw = 0;  // bytes/s, measured once per process
+  if (gpu) {
+    const ReadBandwidth& bw = measured_read_bandwidth();
+    read_bw = bw.bytes_per_s;
+    fmt::print("weight-byte floor (M <= {}): FP8 weight bytes (values + scales) / {:.0f} GB/s, this GPU's read "
+               "bandwidth (a read kernel over {:.1f} GiB, best of {}); x flr = time / floor\n",
+               kFloorMaxM, read_bw / 1e9, bw.bytes / double(1 << 30), bw.runs);
+  } else {
+    fmt::print("weight-byte floor: n/a (CPU reference)\n");
+  }
 
   const int64_t max_m = ms.back();
   std::vector<Row> rows;
@@ -119,9 +137,9 @@ void run_bench(const BenchArgs& a) {
                s.label(), fp8_backend, to_string(l_gate.options().policy),
                scale_mode_name(l_gate.options().weight_scales), 100 * mem.fp8_overhead());
     if (!fp8_ok) fmt::print("  FP8 path unavailable: {}\n", l_fp8[0]->explain(max_m).reason);
-    fmt::print("  {:>6} {:>6} {:>10} {:>10} {:>10} {:>8} {:>8} {:>9} {:>9} {:>9} {:>10}  {}\n", "M", "w scl",
-               "bf16 us", "fp8 us", "gemm us", "fp8 x", "gemm x", "bf16 TF/s", "fp8 TF/s", "gemm TF/s", "gated us",
-               "gate");
+    fmt::print("  {:>6} {:>6} {:>10} {:>10} {:>10} {:>8} {:>8} {:>9} {:>9} {:>9} {:>10} {:>8} {:>9} {:>9}  {}\n", "M",
+               "w scl", "bf16 us", "fp8 us", "gemm us", "fp8 x", "gemm x", "bf16 TF/s", "fp8 TF/s", "gemm TF/s",
+               "gated us", "floor us", "fp8 x flr", "gemm x flr", "gate");
 
     for (int64_t m : ms) {
       // The GEMM-only variants read activations quantized once up front, in the layout the
@@ -144,11 +162,21 @@ void run_bench(const BenchArgs& a) {
       const std::vector<double> t = time_interleaved(space, fns, topt);
       for (size_t i = 0; i < modes.size(); ++i) {
         Row r{s, m, t[0], t[2 + 2 * i], t[3 + 2 * i], t[1], to_string(l_gate.path_for(m)), fp8_backend, modes[i]};
+        const ProjectionMemory fm = l_fp8[i]->memory();
+        if (gpu && fp8_ok && m <= kFloorMaxM)
+          r.floor_us = byte_floor_us(double(fm.fp8_values + fm.fp8_scales), read_bw);
+        // The floor columns: the number at small M on the GPU, "n/a" on the CPU reference.
+        auto flr = [&](double v) {
+          if (r.floor_us > 0) return v > 0 ? fmt::format("{:.2f}", v / r.floor_us) : std::string("-");
+          return !gpu && m <= kFloorMaxM ? std::string("n/a") : std::string("-");
+        };
+        const std::string floor_text = r.floor_us > 0 ? fmt::format("{:.2f}", r.floor_us) : flr(0);
         auto ratio = [&](double v) { return v > 0 ? fmt::format("{:.2f}", r.bf16_us / v) : std::string("-"); };
         auto tf = [&](double v) { return v > 0 ? fmt::format("{:.3g}", tflops(m, s.n, s.k, v)) : std::string("-"); };
-        fmt::print("  {:>6} {:>6} {:>10.1f} {:>10.1f} {:>10.1f} {:>8} {:>8} {:>9} {:>9} {:>9} {:>10.1f}  {}\n", m,
-                   scale_mode_name(r.weight_scales), r.bf16_us, r.fp8_us, r.gemm_us, ratio(r.fp8_us), ratio(r.gemm_us),
-                   tf(r.bf16_us), tf(r.fp8_us), tf(r.gemm_us), r.gated_us, r.path);
+        fmt::print("  {:>6} {:>6} {:>10.1f} {:>10.1f} {:>10.1f} {:>8} {:>8} {:>9} {:>9} {:>9} {:>10.1f} {:>8} {:>9} {:>9}  {}\n",
+                   m, scale_mode_name(r.weight_scales), r.bf16_us, r.fp8_us, r.gemm_us, ratio(r.fp8_us),
+                   ratio(r.gemm_us), tf(r.bf16_us), tf(r.fp8_us), tf(r.gemm_us), r.gated_us, floor_text,
+                   flr(r.fp8_us), flr(r.gemm_us), r.path);
         rows.push_back(r);
       }
     }
@@ -156,15 +184,17 @@ void run_bench(const BenchArgs& a) {
 
   if (!a.csv.empty()) {
     std::string csv = "model,gemm,tp,n,k,m,bf16_us,fp8_us,fp8_gemm_us,speedup,gemm_speedup,bf16_tflops,fp8_tflops,"
-                      "gemm_tflops,gated_us,path,fp8_backend,weight_scales\n";
+                      "gemm_tflops,gated_us,path,fp8_backend,weight_scales,floor_us,fp8_floor_ratio,gemm_floor_ratio\n";
     for (const Row& r : rows)
-      csv += fmt::format("{},{},{},{},{},{},{:.3f},{:.3f},{:.3f},{:.4f},{:.4f},{:.1f},{:.1f},{:.1f},{:.3f},{},{},{}\n",
+      csv += fmt::format("{},{},{},{},{},{},{:.3f},{:.3f},{:.3f},{:.4f},{:.4f},{:.1f},{:.1f},{:.1f},{:.3f},{},{},{},{:.3f},{:.4f},"
+                         "{:.4f}\n",
                          r.shape.model, r.shape.gemm, r.shape.tp, r.shape.n, r.shape.k, r.m, r.bf16_us, r.fp8_us,
                          r.gemm_us, r.fp8_us > 0 ? r.bf16_us / r.fp8_us : 0.0,
                          r.gemm_us > 0 ? r.bf16_us / r.gemm_us : 0.0, tflops(r.m, r.shape.n, r.shape.k, r.bf16_us),
                          r.fp8_us > 0 ? tflops(r.m, r.shape.n, r.shape.k, r.fp8_us) : 0.0,
                          r.gemm_us > 0 ? tflops(r.m, r.shape.n, r.shape.k, r.gemm_us) : 0.0, r.gated_us, r.path,
-                         r.fp8_backend, scale_mode_name(r.weight_scales));
+                         r.fp8_backend, scale_mode_name(r.weight_scales), r.floor_us, floor_ratio(r.fp8_us, r.floor_us),
+                         floor_ratio(r.gemm_us, r.floor_us));
     write_text(a.csv, csv);
   }
   if (!a.json.empty()) {
@@ -172,11 +202,14 @@ void run_bench(const BenchArgs& a) {
     j["stamp"] = result_stamp();
     j["timing"] = {{"reps", topt.reps}, {"warmup", topt.warmup}, {"l2_flush", topt.flush_l2}, {"statistic", "median"}};
     j["space"] = gpu ? "device" : "host (CPU reference)";
+    if (gpu) j["read_bandwidth_bytes_per_s"] = read_bw;
     for (const Row& r : rows)
       j["rows"].push_back({{"model", r.shape.model}, {"gemm", r.shape.gemm}, {"tp", r.shape.tp}, {"n", r.shape.n},
                            {"k", r.shape.k}, {"m", r.m}, {"bf16_us", r.bf16_us}, {"fp8_us", r.fp8_us},
                            {"fp8_gemm_us", r.gemm_us}, {"gated_us", r.gated_us}, {"path", r.path},
-                           {"fp8_backend", r.fp8_backend}, {"weight_scales", scale_mode_name(r.weight_scales)}});
+                           {"fp8_backend", r.fp8_backend}, {"weight_scales", scale_mode_name(r.weight_scales)},
+                           {"floor_us", r.floor_us}, {"fp8_floor_ratio", floor_ratio(r.fp8_us, r.floor_us)},
+                           {"gemm_floor_ratio", floor_ratio(r.gemm_us, r.floor_us)}});
     write_text(a.json, j.dump(1) + "\n");
   }
 }

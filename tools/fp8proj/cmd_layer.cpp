@@ -6,7 +6,9 @@
 //     (o_proj's input through quantize_activation, q_a through the fused norm+quantize, against
 //     the plain norm the bf16 path runs) and their share of the FP8 block, attention TFLOP/s;
 //   decode: one step for C sequences at context L, captured in a CUDA graph and replayed, off
-//     and on (under the prefill policy the flag must not change it).
+//     and on (under the prefill policy the flag must not change it), beside its byte floor: the
+//     weights it reads (each projection's FP8 copy where it runs FP8, else bf16; kv_b_proj's
+//     absorbed halves in bf16) plus the latent cache rows, at this GPU's measured read bandwidth.
 // TP sizes run the per-rank work of rank 0 on one GPU (heads / tp local heads; o_proj's
 // partial output, no all-reduce). Timed as timing.hpp says: device events, L2 flushed before
 // every timed call, median of many, flag off and on interleaved call by call. Without a GPU it runs the CPU reference at a tiny size
@@ -23,6 +25,7 @@
 #include "commands.hpp"
 #include "common.hpp"
 #include "fp8proj/error.hpp"
+#include "fp8proj/floor.hpp"
 #include "fp8proj/mla.hpp"
 #include "fp8proj/ops.hpp"
 #include "fp8proj/projection.hpp"
@@ -75,7 +78,24 @@ struct DecodeRow {
   double rel_err = 0;        // flag-on step's output against the flag-off (bf16) step's
   bool bit_identical = false;
   ScaleMode weight_scales = ScaleMode::ue8m0;
+  // Bytes the step must read: weights flag off / on, and the cache rows; floors at the measured
+  // read bandwidth (0 on the CPU reference).
+  size_t weight_bytes_off = 0, weight_bytes_on = 0, cache_bytes = 0;
+  double floor_off_us = 0, floor_on_us = 0, weight_floor_on_us = 0;
 };
+
+// Weight bytes one decode step of `block` reads at batch c: fused_qkv_a, q_b_proj and o_proj from
+// the copy their path reads (FP8 values + scales, else bf16), kv_b_proj's bf16 halves absorbed
+// into the attention (W_UK, W_UV: its whole bf16 weight).
+size_t decode_weight_bytes(const MlaBlock& block, int64_t c) {
+  size_t bytes = block.projection(MlaProjection::kv_b_proj).memory().bf16_weight;
+  for (MlaProjection p : {MlaProjection::fused_qkv_a, MlaProjection::q_b_proj, MlaProjection::o_proj}) {
+    const ProjectionLayer& l = block.projection(p);
+    const ProjectionMemory m = l.memory();
+    bytes += l.path_for(c) == Path::fp8 ? m.fp8_values + m.fp8_scales : m.bf16_weight;
+  }
+  return bytes;
+}
 
 // An int32 array in a memory space.
 Buffer int_array(MemorySpace space, const std::vector<int32_t>& v) {
@@ -170,6 +190,7 @@ void run_layer(const LayerArgs& a) {
   fmt::print("timing: median of {} after {} warm-up, L2 {}, flag off and on interleaved call by call; speedup = "
              "flag-off time / flag-on time\n", topt.reps,
              topt.warmup, topt.flush_l2 ? "flushed before every timed call" : "not flushed");
+  const double read_bw = gpu ? measured_read_bandwidth().bytes_per_s : 0;  // bytes/s, once per process
 
   const int c_max = seqs.back();
   const int64_t t_max = int64_t{c_max} * L;
@@ -333,6 +354,15 @@ void run_layer(const LayerArgs& a) {
         d.q_path = to_string(on.projection(MlaProjection::q_b_proj).path_for(c));
         d.o_path = to_string(on.projection(MlaProjection::o_proj).path_for(c));
         d.qkv_path = to_string(on.projection(MlaProjection::fused_qkv_a).path_for(c));
+        d.weight_bytes_off = decode_weight_bytes(off, c);
+        d.weight_bytes_on = decode_weight_bytes(on, c);
+        d.cache_bytes = static_cast<size_t>(c) * static_cast<size_t>(L + 1) * static_cast<size_t>(cfg.cache_width()) *
+                        sizeof(bf16);
+        if (gpu) {
+          d.floor_off_us = byte_floor_us(double(d.weight_bytes_off + d.cache_bytes), read_bw);
+          d.floor_on_us = byte_floor_us(double(d.weight_bytes_on + d.cache_bytes), read_bw);
+          d.weight_floor_on_us = byte_floor_us(double(d.weight_bytes_on), read_bw);
+        }
         if (a.policy == "all")
           for (MlaProjection p : {MlaProjection::fused_qkv_a, MlaProjection::q_b_proj, MlaProjection::o_proj}) {
             const ProjectionLayer& l = on.projection(p);
@@ -408,13 +438,27 @@ void run_layer(const LayerArgs& a) {
     if (!a.no_decode) {
       fmt::print("\ndecode step, C sequences at context {} ({}; policy {})\n", L + 1,
                  gpu ? "one CUDA graph replay" : "eager, CPU", a.policy);
-      fmt::print("  {:>4} {:>6} {:>10} {:>10} {:>8} {:>8} {:>10} {:>9}  {}\n", "C", "w scl", "off us", "on us",
-                 "on/off", "speedup", "err vs off", "bitwise", "path qkv_a/q_b/o (flag on)");
+      if (gpu)
+        fmt::print("  floor = bytes the step reads (w: flag-on weights, FP8 copies where the path is FP8, else bf16, "
+                   "kv_b_proj's absorbed halves bf16; kv: latent cache rows) / {:.0f} GB/s measured read bandwidth; "
+                   "w flr = weights alone; x flr = on us / floor\n",
+                   read_bw / 1e9);
+      else
+        fmt::print("  floor: n/a (CPU reference)\n");
+      fmt::print("  {:>4} {:>6} {:>10} {:>10} {:>8} {:>8} {:>10} {:>9} {:>8} {:>8} {:>9} {:>9} {:>8}  {}\n", "C",
+                 "w scl", "off us", "on us", "on/off", "speedup", "err vs off", "bitwise", "w MB", "kv MB", "w flr us",
+                 "floor us", "x flr", "path qkv_a/q_b/o (flag on)");
+      auto us_or_na = [gpu](double v, const char* spec) {
+        return gpu ? fmt::format(fmt::runtime(spec), v) : std::string("n/a");
+      };
       for (const DecodeRow& d : drows)
         if (d.tp == tp)
-          fmt::print("  {:>4} {:>6} {:>10.1f} {:>10.1f} {:>8.3f} {:>8.3f} {:>10.2e} {:>9}  {}/{}/{}\n", d.seqs,
-                     scale_mode_name(d.weight_scales), d.off_us, d.on_us, d.on_us / d.off_us, d.off_us / d.on_us,
-                     d.rel_err, d.bit_identical ? "equal" : "differs", d.qkv_path, d.q_path, d.o_path);
+          fmt::print("  {:>4} {:>6} {:>10.1f} {:>10.1f} {:>8.3f} {:>8.3f} {:>10.2e} {:>9} {:>8.1f} {:>8.1f} {:>9} {:>9} "
+                     "{:>8}  {}/{}/{}\n",
+                     d.seqs, scale_mode_name(d.weight_scales), d.off_us, d.on_us, d.on_us / d.off_us,
+                     d.off_us / d.on_us, d.rel_err, d.bit_identical ? "equal" : "differs", d.weight_bytes_on / 1e6,
+                     d.cache_bytes / 1e6, us_or_na(d.weight_floor_on_us, "{:.1f}"), us_or_na(d.floor_on_us, "{:.1f}"),
+                     us_or_na(floor_ratio(d.on_us, d.floor_on_us), "{:.2f}"), d.qkv_path, d.q_path, d.o_path);
       for (const DecodeRow& d : drows)
         if (d.tp == tp) fmt::print("{}", d.why_bf16);
     }
@@ -424,10 +468,11 @@ void run_layer(const LayerArgs& a) {
     std::string csv =
         "kind,model,tp,seqs,seqlen,tokens,off_us,on_us,speedup,qb_o_share_off,qb_o_share_on,o_quant_us,"
         "qa_normquant_us,qa_norm_us,attn_tflops,q_path,o_path,fp8_backend,qkv_path,kv_b_path,decode_rel_err,"
-        "decode_bitwise,weight_scales\n";
+        "decode_bitwise,weight_scales,decode_weight_bytes_off,decode_weight_bytes_on,decode_cache_bytes,"
+        "decode_floor_off_us,decode_floor_on_us,decode_on_floor_ratio\n";
     for (const PrefillRow& r : prows) {
       const double so = r.off_stages.total_us, sn = r.on_stages.total_us;
-      csv += fmt::format("prefill,{},{},{},{},{},{:.3f},{:.3f},{:.4f},{:.4f},{:.4f},{:.3f},{:.3f},{:.3f},{:.1f},{},{},{},{},{},,,{}\n",
+      csv += fmt::format("prefill,{},{},{},{},{},{:.3f},{:.3f},{:.4f},{:.4f},{:.4f},{:.3f},{:.3f},{:.3f},{:.1f},{},{},{},{},{},,,{},,,,,,\n",
                          r.model, r.tp, r.seqs, r.seqlen, r.tokens, r.off_us, r.on_us, r.off_us / r.on_us,
                          so > 0 ? (r.off_stages.of(MlaStage::q_proj) + r.off_stages.of(MlaStage::o_proj)) / so : 0.0,
                          sn > 0 ? (r.on_stages.of(MlaStage::q_proj) + r.on_stages.of(MlaStage::o_proj)) / sn : 0.0,
@@ -435,9 +480,11 @@ void run_layer(const LayerArgs& a) {
                          r.fp8_backend, r.qkv_path, r.kv_b_path, scale_mode_name(r.weight_scales));
     }
     for (const DecodeRow& d : drows)
-      csv += fmt::format("decode,{},{},{},{},{},{:.3f},{:.3f},{:.4f},,,,,,,{},{},,{},,{:.3e},{},{}\n", d.model, d.tp,
-                         d.seqs, d.context, d.seqs, d.off_us, d.on_us, d.off_us / d.on_us, d.q_path, d.o_path,
-                         d.qkv_path, d.rel_err, d.bit_identical ? 1 : 0, scale_mode_name(d.weight_scales));
+      csv += fmt::format("decode,{},{},{},{},{},{:.3f},{:.3f},{:.4f},,,,,,,{},{},,{},,{:.3e},{},{},{},{},{},{:.3f},{:.3f},{:.4f}\n",
+                         d.model, d.tp, d.seqs, d.context, d.seqs, d.off_us, d.on_us, d.off_us / d.on_us, d.q_path,
+                         d.o_path, d.qkv_path, d.rel_err, d.bit_identical ? 1 : 0, scale_mode_name(d.weight_scales),
+                         d.weight_bytes_off, d.weight_bytes_on, d.cache_bytes, d.floor_off_us, d.floor_on_us,
+                         floor_ratio(d.on_us, d.floor_on_us));
     write_text(a.csv, csv);
   }
   if (!a.json.empty()) {
@@ -446,6 +493,7 @@ void run_layer(const LayerArgs& a) {
     j["timing"] = {{"reps", topt.reps}, {"stage_reps", sopt.reps}, {"warmup", topt.warmup},
                    {"l2_flush", topt.flush_l2}, {"statistic", "median"}};
     j["space"] = gpu ? "device" : "host (CPU reference)";
+    if (gpu) j["read_bandwidth_bytes_per_s"] = read_bw;
     j["policy"] = a.policy;
     j["all_dense_tagged"] = a.all_dense;
     j["residual_input"] = a.residual;
@@ -469,7 +517,10 @@ void run_layer(const LayerArgs& a) {
                              {"off_us", d.off_us}, {"on_us", d.on_us}, {"cuda_graph", d.graph},
                              {"q_path", d.q_path}, {"o_path", d.o_path}, {"qkv_path", d.qkv_path},
                              {"rel_err_vs_off", d.rel_err}, {"bit_identical", d.bit_identical},
-                             {"weight_scales", scale_mode_name(d.weight_scales)}});
+                             {"weight_scales", scale_mode_name(d.weight_scales)},
+                             {"weight_bytes_off", d.weight_bytes_off}, {"weight_bytes_on", d.weight_bytes_on},
+                             {"cache_bytes", d.cache_bytes}, {"floor_off_us", d.floor_off_us},
+                             {"floor_on_us", d.floor_on_us}, {"on_floor_ratio", floor_ratio(d.on_us, d.floor_on_us)}});
     write_text(a.json, j.dump(1) + "\n");
   }
   if (!a.md.empty()) {
@@ -492,12 +543,16 @@ void run_layer(const LayerArgs& a) {
                         pct(r.o_quant_us + r.qa_normquant_us, r.on_us), r.attn_tflops);
     if (!drows.empty()) {
       md += fmt::format("\nDecode step (policy {}):\n\n| TP | C | weight scales | decode off us | decode on us | speedup "
-                        "| error vs off | bitwise | path qkv_a/q_b/o |\n|---|---|---|---|---|---|---|---|---|\n",
+                        "| error vs off | bitwise | byte floor us | on / floor | path qkv_a/q_b/o |\n"
+                        "|---|---|---|---|---|---|---|---|---|---|---|\n",
                         a.policy);
       for (const DecodeRow& d : drows)
-        md += fmt::format("| {} | {} | {} | {:.1f} | {:.1f} | {:.3f} | {:.2e} | {} | {}/{}/{} |\n", d.tp, d.seqs,
-                          scale_mode_name(d.weight_scales), d.off_us, d.on_us, d.off_us / d.on_us, d.rel_err,
-                          d.bit_identical ? "equal" : "differs", d.qkv_path, d.q_path, d.o_path);
+        md += fmt::format("| {} | {} | {} | {:.1f} | {:.1f} | {:.3f} | {:.2e} | {} | {} | {} | {}/{}/{} |\n", d.tp,
+                          d.seqs, scale_mode_name(d.weight_scales), d.off_us, d.on_us, d.off_us / d.on_us, d.rel_err,
+                          d.bit_identical ? "equal" : "differs",
+                          d.floor_on_us > 0 ? fmt::format("{:.1f}", d.floor_on_us) : std::string("n/a"),
+                          d.floor_on_us > 0 ? fmt::format("{:.2f}", d.on_us / d.floor_on_us) : std::string("n/a"),
+                          d.qkv_path, d.q_path, d.o_path);
     }
     write_text(a.md, md);
   }

@@ -13,5 +13,6 @@ void register_tune(CLI::App& app);
 void register_tp(CLI::App& app);
 void register_layer(CLI::App& app);
 void register_soak(CLI::App& app);
+void register_floor(CLI::App& app);
 
 }  // namespace fp8proj::cli

@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   fp8proj::cli::register_tp(app);
   fp8proj::cli::register_layer(app);
   fp8proj::cli::register_soak(app);
+  fp8proj::cli::register_floor(app);
   fp8proj::cli::refuse_blank_values(app);
   try {
     fp8proj::cli::refuse_empty_assignments(argc, argv);

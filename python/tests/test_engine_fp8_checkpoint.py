@@ -187,6 +187,7 @@ class _Method:
 
 def _original_apply(method, layer, x, bias=None):
     method.applied += 1
+    x = x[0] if isinstance(x, tuple) else x  # SGLang's apply also takes pre-quantized (values, scales)
     return torch.full((*x.shape[:-1], layer.weight.shape[0]), -1.0, dtype=x.dtype, device=x.device)
 
 

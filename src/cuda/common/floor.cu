@@ -10,6 +10,7 @@
 
 #include "core/cuda_check.hpp"
 #include "core/device_fault.hpp"
+#include "cuda/common/graph_capture.hpp"
 #include "fp8proj/device.hpp"
 #include "fp8proj/error.hpp"
 #include "fp8proj/floor.hpp"
@@ -171,19 +172,7 @@ CapturedCalls::CapturedCalls(const std::function<void(int, StreamHandle)>& call,
   // One eager pass: lazy set-up (plans, kernel attributes, the watchdog) happens outside the capture.
   for (int i = 0; i < calls; ++i) call(i, s.stream);
   CUDA_CHECK(cudaStreamSynchronize(s.stream));
-  // Thread-local mode: an allocation or a synchronisation on this thread during the capture is an
-  // error (it would not be replayed); other threads are not affected.
-  CUDA_CHECK(cudaStreamBeginCapture(s.stream, cudaStreamCaptureModeThreadLocal));
-  try {
-    for (int i = 0; i < calls; ++i) call(i, s.stream);
-  } catch (...) {
-    cudaGraph_t broken = nullptr;
-    cudaStreamEndCapture(s.stream, &broken);
-    if (broken) cudaGraphDestroy(broken);
-    throw;
-  }
-  CUDA_CHECK(cudaStreamEndCapture(s.stream, &s.graph));
-  CUDA_CHECK(cudaGraphInstantiate(&s.exec, s.graph, 0));
+  gpu::capture_graph(s.stream, [&] { for (int i = 0; i < calls; ++i) call(i, s.stream); }, &s.graph, &s.exec);
 }
 
 CapturedCalls::~CapturedCalls() = default;

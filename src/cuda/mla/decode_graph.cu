@@ -6,6 +6,7 @@
 
 #include "core/cuda_check.hpp"
 #include "core/device_fault.hpp"
+#include "cuda/common/graph_capture.hpp"
 #include "fp8proj/error.hpp"
 #include "fp8proj/mla.hpp"
 
@@ -34,19 +35,7 @@ MlaDecodeGraph::MlaDecodeGraph(MlaBlock& block, const bf16* x, const MlaDecodeBa
   // happens outside the capture. It writes the same cache rows the graph will.
   block.decode(x, batch, y, s.stream);
   CUDA_CHECK(cudaStreamSynchronize(s.stream));
-  // Thread-local mode: an allocation or synchronisation on this thread during the capture is
-  // an error (it would not be replayed), other threads are not affected.
-  CUDA_CHECK(cudaStreamBeginCapture(s.stream, cudaStreamCaptureModeThreadLocal));
-  try {
-    block.decode(x, batch, y, s.stream);
-  } catch (...) {
-    cudaGraph_t broken = nullptr;
-    cudaStreamEndCapture(s.stream, &broken);
-    if (broken) cudaGraphDestroy(broken);
-    throw;
-  }
-  CUDA_CHECK(cudaStreamEndCapture(s.stream, &s.graph));
-  CUDA_CHECK(cudaGraphInstantiate(&s.exec, s.graph, 0));
+  gpu::capture_graph(s.stream, [&] { block.decode(x, batch, y, s.stream); }, &s.graph, &s.exec);
 }
 
 MlaDecodeGraph::~MlaDecodeGraph() = default;

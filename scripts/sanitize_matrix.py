@@ -119,7 +119,8 @@ def main():
     ap.add_argument("--only", default="", help="comma list: restrict to these configurations / families (tests)")
     ap.add_argument("--resume", action="store_true",
                     help="skip every (configuration, tool) whose log in --out already ends with the tool's "
-                         "summary (a matrix cut short, its logs unpacked into --out): only the rest run")
+                         "summary (a matrix cut short, its logs unpacked into --out): only the rest run, "
+                         "the cells never started first")
     ap.add_argument("--from-logs", action="store_true",
                     help="write the matrix from the logs already in --out (a run cut short), running nothing")
     a = ap.parse_args()
@@ -157,8 +158,9 @@ def main():
         keep = set(a.only.split(","))
         jobs = [j for j in jobs if j[0] in keep]
     if a.resume:
-        jobs = [j for j in jobs if not finished_log(j[4])]
-        print(f"resume: {len(jobs)} runs without a finished log in {a.out}", flush=True)
+        jobs = resume_jobs(jobs)
+        print(f"resume: {len(jobs)} runs without a finished log in {a.out} "
+              f"({sum(not os.path.exists(j[4]) for j in jobs)} never started)", flush=True)
 
     results = {}
     t0 = time.time()
@@ -174,6 +176,12 @@ def main():
             # After every run, so that a run cut short by its limit leaves the matrix so far.
             write_matrix(a.out, [label for label, *_ in jobs], tools, results, len(jobs))
     return finish(a.out, [label for label, *_ in jobs], tools, results, len(jobs), time.time() - t0)
+
+
+def resume_jobs(jobs):
+    """The jobs (log path last) whose log has no summary yet; those never started before those that
+    ran out of time once, so that a short run fills the matrix's empty cells first."""
+    return sorted((j for j in jobs if not finished_log(j[-1])), key=lambda j: os.path.exists(j[-1]))
 
 
 def finished_log(path):

@@ -1,6 +1,6 @@
 """scripts/sanitize_matrix.py without a GPU: --resume keeps exactly the runs whose log lacks the
-tool's summary line, and --from-logs writes the matrix of a mixed set of logs (clean, hazards,
-cut short), each cell with its verdict."""
+tool's summary line (those never started first), and --from-logs writes the matrix of a mixed set
+of logs (clean, hazards, cut short), each cell with its verdict."""
 import importlib.util
 import os
 import sys
@@ -28,6 +28,10 @@ def main():
         assert done == {"initcheck__swapab_m16n64_ws2_st15.log": True, "memcheck__m128n128_ws2_st5.log": True,
                         "racecheck__m128n128_ws2_st5.log": True, "synccheck__m128n128_ws2_st5.log": False}, done
         assert not sm.finished_log(os.path.join(d, "missing.log"))
+        jobs = [(f, os.path.join(d, f)) for f in ("synccheck__m128n128_ws2_st5.log", "racecheck__m128n128_ws2_st5.log",
+                                                 "racecheck__never.log", "memcheck__never.log")]
+        order = [f for f, _ in sm.resume_jobs(jobs)]
+        assert order == ["racecheck__never.log", "memcheck__never.log", "synccheck__m128n128_ws2_st5.log"], order
         sm.write_from_logs(d, ["racecheck", "synccheck", "initcheck", "memcheck"], [])
         md = open(os.path.join(d, "matrix.md")).read()
         row = next(l for l in md.splitlines() if l.startswith("| `m128n128_ws2_st5`"))

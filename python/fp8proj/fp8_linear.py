@@ -28,23 +28,27 @@ Per call: with fp8proj's CUDA library on a Hopper GPU, the ops torch.ops.fp8proj
 (x, "float") and torch.ops.fp8proj.fp8_gemm -- graph-capturable, traced by torch.compile as
 single nodes. Elsewhere (a CPU, another GPU, no library) the same numerics in torch: the weight
 dequantized per call and an fp32 product, slow but it runs, said once in the log.
+
+Modules that read one input (q_a_proj and kv_a_proj_with_mqa of an MLA attention: both project
+the hidden states) can hold one SharedActivation: the first one called quantizes the input, the
+other reuses those codes and scales (see SharedActivation for when it may).
 """
 from __future__ import annotations
 
 import ctypes
 import logging
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 from torch import nn
 
 from . import _lib
-from .ops import _ceil4
+from .ops import _ceil4, _version
 
 __all__ = ["Fp8CheckpointLinear", "fp8_linear_class", "fp8_linear_skip_reason", "is_fp8_checkpoint_module",
            "quantize_activation_float_reference", "quantize_activation_reference", "dequantize_weight",
            "block_fp8_skip_reason", "activation_scale_format", "block_fp8_linear", "block_fp8_linear_reference",
-           "scales_as_fp32"]
+           "scales_as_fp32", "SharedActivation"]
 
 log = logging.getLogger("fp8proj")
 _E4M3 = torch.float8_e4m3fn
@@ -191,17 +195,23 @@ def quantize_activation_reference(x2: torch.Tensor, scale_fmt: str = "float") ->
     return q.view(m, k), s.view(m, k // 128)
 
 
+def _rows(x: torch.Tensor, k: int) -> torch.Tensor:
+    """x as the contiguous [M, K] rows the quantizers read."""
+    x2 = x.reshape(-1, k)
+    return x2 if x2.is_contiguous() else x2.contiguous()
+
+
 def block_fp8_linear(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, act_fmt: str = "float",
-                     bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+                     bias: Optional[torch.Tensor] = None,
+                     quantized: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
     """y[..., N] = quant(x) . dequant(weight, scales)^T (+ bias) through fp8proj's torch ops on a
     Hopper GPU: quantize_activation(x, act_fmt) in 1x128 groups, then fp8_gemm on the weight and
     its fp32 block scales as they are (block_fp8_skip_reason says which ones qualify; UE8M0 scales
-    are widened to fp32 first). x bf16 [..., K]; the bias is added in the output's dtype."""
+    are widened to fp32 first). x bf16 [..., K]; the bias is added in the output's dtype.
+    quantized: quantize_activation's (codes, scales) of these very rows, made already (a
+    SharedActivation's), instead of quantizing again."""
     n, k = weight.shape
-    x2 = x.reshape(-1, k)
-    if not x2.is_contiguous():
-        x2 = x2.contiguous()
-    xv, xs = torch.ops.fp8proj.quantize_activation(x2, act_fmt)
+    xv, xs = quantized if quantized is not None else torch.ops.fp8proj.quantize_activation(_rows(x, k), act_fmt)
     y = torch.ops.fp8proj.fp8_gemm(xv, xs, weight, scales)
     if bias is not None:
         y = y.add_(bias)
@@ -209,18 +219,91 @@ def block_fp8_linear(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor
 
 
 def block_fp8_linear_reference(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, act_fmt: str = "float",
-                               bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+                               bias: Optional[torch.Tensor] = None,
+                               quantized: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
     """block_fp8_linear's numerics in torch, on any device: the activations quantized by the same
     rule, the weight dequantized, an fp32 product rounded to x's dtype (slow; the CPU path and the
-    tests' reference)."""
+    tests' reference). quantized: quantize_activation_reference's (codes, scales) of these rows,
+    made already."""
     n, k = weight.shape
-    x2 = x.reshape(-1, k)
-    q, s = quantize_activation_reference(x2, act_fmt)
+    q, s = quantized if quantized is not None else quantize_activation_reference(x.reshape(-1, k), act_fmt)
     xd = (q.to(torch.float32).view(-1, k // 128, 128) * s.unsqueeze(-1)).view_as(q)
     y = (xd @ dequantize_weight(weight, scales).T).to(x.dtype)
     if bias is not None:
         y = y.add_(bias.to(y.dtype))
     return y.view(*x.shape[:-1], n)
+
+
+class SharedActivation:
+    """One activation quantization for several Fp8CheckpointLinear modules that read one input.
+
+    In an MLA attention q_a_proj and kv_a_proj_with_mqa both project the hidden states. Each
+    quantizing them itself costs a second pass over the input: at M = 4096, K = 7168 about 25 us
+    on an H200 (58 MB of bf16 read, 29 MB of codes and scales written), against a 30 us GEMM for
+    kv_a_proj_with_mqa (N = 576). The members of a group hand their quantization on instead: the
+    first member called with an input quantizes it and keeps (input, codes, scales); another
+    member called next reuses them only when all of these hold, and quantizes again otherwise:
+
+      - the input is the very tensor object kept (`is`), its version counter unchanged (no
+        in-place write since; views share that counter). An inference tensor has no counter, so
+        under torch.inference_mode nothing is shared;
+      - the same activation format, the same path (fp8proj's ops or the torch fallback, whose
+        results differ in layout) and, on a GPU, the same current CUDA stream;
+      - this member has not used this entry yet (each other member once: a member called twice
+        on one input quantizes twice, so timing one module alone still includes its quantization).
+
+    The entry is dropped when every other member has used it, or replaced by the next miss, so
+    nothing is held from one forward to the next. Under torch.compile the group is bypassed (the
+    modules quantize each call; Dynamo does not trace this host-side state), and so is a call that
+    records autograd. The hit path only compares Python objects and ints: nothing synchronizes or
+    allocates, so a manual CUDA graph capture records one quantization and the members' GEMMs."""
+
+    def __init__(self):
+        self.members: List[str] = []
+        self._entry = None  # (input, its version, key, (codes, scales), members still to use it)
+        self.hits = 0       # host-side counts, to check that sharing happens (the tests read them)
+        self.quantizations = 0
+
+    def add(self, module: "Fp8CheckpointLinear") -> None:
+        """Make `module` a member (it then asks this group before quantizing)."""
+        if module.shared_activation is not None and module.shared_activation is not self:
+            raise ValueError(f"fp8proj: {module.name} already shares its activation with "
+                             f"{module.shared_activation.members}")
+        if module.name in self.members:
+            raise ValueError(f"fp8proj: {module.name} is already a member of this SharedActivation")
+        self.members.append(module.name)
+        module.shared_activation = self
+
+    @property
+    def holding(self) -> bool:
+        """True while an input and its quantization are kept for a member still to come."""
+        return self._entry is not None
+
+    def clear(self) -> None:
+        self._entry = None
+
+    def take(self, member: str, x: torch.Tensor, key: tuple):
+        """The kept (codes, scales) of x for `member` where the rule allows (see the class doc),
+        else None -- then the entry is dropped before the caller quantizes (its memory is free
+        for that) and the caller gives its result to keep()."""
+        e = self._entry
+        if e is not None and e[0] is x and e[2] == key and member in e[4]:
+            ver = _version(x)
+            if ver >= 0 and ver == e[1]:
+                e[4].discard(member)
+                if not e[4]:
+                    self._entry = None
+                self.hits += 1
+                return e[3]
+        self._entry = None
+        return None
+
+    def keep(self, member: str, x: torch.Tensor, key: tuple, quantized) -> None:
+        """Keep member's fresh quantization of x for the other members."""
+        self.quantizations += 1
+        ver = _version(x)
+        pending = {m for m in self.members if m != member}
+        self._entry = (x, ver, key, quantized, pending) if ver >= 0 and pending else None
 
 
 class Fp8CheckpointLinear(nn.Module):
@@ -243,6 +326,7 @@ class Fp8CheckpointLinear(nn.Module):
         self.register_buffer("scales_fp32", scales_as_fp32(source.weight_scale_inv), persistent=False)
         self._workspace_bytes = 0
         self._fp8, self._why = False, ""
+        self.shared_activation: Optional[SharedActivation] = None  # SharedActivation.add sets it
         self.refresh()
 
     # -- state -----------------------------------------------------------------------------------
@@ -271,13 +355,31 @@ class Fp8CheckpointLinear(nn.Module):
 
     # -- forward ---------------------------------------------------------------------------------
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self._fp8 or x.dtype != torch.bfloat16 or (torch.is_grad_enabled() and x.requires_grad):
-            if x.is_cuda and not torch.compiler.is_compiling():
-                _lib.check_device_fault(self.name)
-            return self._reference(x)
+        kernel = self._fp8 and x.dtype == torch.bfloat16 and not (torch.is_grad_enabled() and x.requires_grad)
+        if not kernel and x.is_cuda and not torch.compiler.is_compiling():
+            _lib.check_device_fault(self.name)
         # The bias in the output's dtype, as transformers' FP8Linear adds it.
         bias = self.bias.detach() if self.bias is not None else None
-        return block_fp8_linear(x, self.weight.detach(), self._scales(), "float", bias)
+        q = self._activation(x, kernel)
+        if kernel:
+            return block_fp8_linear(x, self.weight.detach(), self._scales(), "float", bias, quantized=q)
+        return block_fp8_linear_reference(x, self.weight.detach(), self._scales(), "float", bias, quantized=q)
+
+    def _activation(self, x: torch.Tensor, kernel: bool):
+        """(codes, scales) of x through the shared group, or None: the caller quantizes (no group,
+        torch.compile, autograd)."""
+        g = self.shared_activation
+        if g is None or torch.compiler.is_compiling() or (torch.is_grad_enabled() and x.requires_grad):
+            return None
+        stream = torch.cuda.current_stream(x.device).cuda_stream if x.is_cuda else None
+        key = ("float", "kernel" if kernel else "torch", stream, self.in_features)
+        q = g.take(self.name, x, key)
+        if q is None:
+            x2 = _rows(x, self.in_features)
+            q = (torch.ops.fp8proj.quantize_activation(x2, "float") if kernel else
+                 quantize_activation_reference(x2, "float"))
+            g.keep(self.name, x, key, q)
+        return q
 
     def _reference(self, x: torch.Tensor) -> torch.Tensor:
         """fp8proj's numerics in torch: the weight dequantized per call, an fp32 product."""
@@ -300,15 +402,19 @@ class Fp8CheckpointLinear(nn.Module):
                 "re-quantization); activations 1x128 groups, fp32 scales amax/448")
         if m <= 0:
             return f"M={m}: nothing to run"
+        g = self.shared_activation
+        shared = "" if g is None else (
+            "; the input's quantization shared with " + ", ".join(n for n in g.members if n != self.name) +
+            " (one quantization when they read the same tensor)")
         if not self._fp8:
-            return f"M={m}: torch (weight dequantized per call, fp32 product) -- {self._why}"
+            return f"M={m}: torch (weight dequantized per call, fp32 product) -- {self._why}{shared}"
         lib = _lib.lib()
         h = self._gemm_handle(m)
         try:
             desc = _lib.read_string(lib.fp8proj_fp8_gemm_describe, h, int(m))
         finally:
             lib.fp8proj_fp8_gemm_destroy(h)
-        return f"M={m}: fp8 via {desc} -- {what}"
+        return f"M={m}: fp8 via {desc} -- {what}{shared}"
 
     def prepare(self, max_m: int = 8192) -> None:
         """Make fp8_gemm's plan for this weight now (it allocates, which a CUDA graph capture
@@ -317,6 +423,8 @@ class Fp8CheckpointLinear(nn.Module):
             return
         with torch.no_grad():
             self.forward(torch.zeros(4, self.in_features, dtype=torch.bfloat16, device=self.weight.device))
+        if self.shared_activation is not None:
+            self.shared_activation.clear()  # the warm-up input: no member will read it
         lib = _lib.lib()
         h = self._gemm_handle(max_m)
         try:
@@ -340,4 +448,6 @@ class Fp8CheckpointLinear(nn.Module):
     def extra_repr(self) -> str:
         path = "fp8proj fp8 GEMM" if self._fp8 else "torch fallback"
         return (f"name={self.name!r}, in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.bias is not None}, weight_scale_inv={self.scale_format}, path={path}")
+                f"bias={self.bias is not None}, weight_scale_inv={self.scale_format}, path={path}" +
+                ("" if self.shared_activation is None else
+                 f", shared_activation={self.shared_activation.members}"))

@@ -134,3 +134,91 @@ def test_bench_without_gpu_says_why():
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
     assert bench.main(["--out", "/nonexistent/never-written", "--parts", "fp8ckpt"]) == 2
+
+
+def test_pair_row_calls_both_on_one_input_and_shares(monkeypatch):
+    """The q_a_proj+kv_a_proj_with_mqa row, run on the CPU (the torch path, timing faked): fp8proj's
+    pair quantizes once per call of the row, DeepGEMM's wrapper (a fake GEMM on the dequantized
+    operands) casts twice, each output is checked against its own reference, and the group holds
+    nothing afterwards. A single module's row quantizes on every call."""
+    import types
+
+    from fp8proj import bench_fp8ckpt as b
+    from fp8proj import fp8_linear
+    from fp8proj.integrations.transformers import ALL_FP8_LINEARS, patch
+
+    from test_fp8_checkpoint import fp8_model
+
+    model, _ = fp8_model("float")
+    from transformers.integrations.finegrained_fp8 import FP8Linear
+    originals = {n: m for n, m in model.named_modules() if isinstance(m, FP8Linear)}
+    report = patch(model, targets=ALL_FP8_LINEARS)
+    assert len(report.shared) == 2
+    names = ["model.layers.0.self_attn.q_a_proj", "model.layers.0.self_attn.kv_a_proj_with_mqa"]
+    mos = [model.get_submodule(n) for n in names]
+    lins = [torch.nn.Linear(m.in_features, m.out_features, bias=False).to(torch.bfloat16) for m in mos]
+    for lin, mo in zip(lins, mos):
+        with torch.no_grad():
+            lin.weight.copy_(b._dequant_w(mo.weight, mo._scales()).to(torch.bfloat16))
+
+    def fp8_gemm_nt(xs, ws, out):
+        (xq, sx), (w, sw) = xs, ws
+        out.copy_((xq.float() * sx.repeat_interleave(128, 1)) @ b._dequant_w(w, sw).t())
+
+    fake_dg = types.SimpleNamespace(fp8_gemm_nt=fp8_gemm_nt)
+    cast, _ = b._per_token_cast(fake_dg)
+    casts = []
+    counted_cast = lambda x: casts.append(1) or cast(x)  # noqa: E731
+    mds = [b.DeepGemmLinear(originals[n], fake_dg, counted_cast) for n in names]
+
+    quantized = []
+    real = fp8_linear.quantize_activation_reference
+    monkeypatch.setattr(fp8_linear, "quantize_activation_reference",
+                        lambda x2, fmt="float": quantized.append(1) or real(x2, fmt))
+
+    def deq_ours(x):  # what _dequant_x_ours gives, from the torch rule
+        q, s = real(x, "float")
+        return q.float() * s.repeat_interleave(128, 1)
+
+    monkeypatch.setattr(b, "_dequant_x_ours", deq_ours)
+    def fake_rounds(fns, reps, warmup, flush=None, delay_us=0.0):
+        for _ in range(reps):
+            for f in fns:
+                f()
+        return [2.0, 1.0, 1.5][:len(fns)]
+
+    monkeypatch.setattr(b, "time_rounds", fake_rounds)
+    with torch.no_grad():
+        row = b._projection_point("tiny", lins, mos, mds, counted_cast, "prefill", 64, 3, 0, None, device="cpu")
+    # 1 warm call of DeepGEMM + 1 first call + 3 timed: DeepGEMM casts twice each (and once more for
+    # its error's reference), fp8proj quantizes once each.
+    assert len(casts) == 2 * 5 + 1 and len(quantized) == 4
+    assert row["pair"] and row["projection"] == "self_attn.q_a_proj+kv_a_proj_with_mqa" and row["n"] == "128+192"
+    assert "once (shared)" in row["note"] and row["speedup_vs_bf16"] == 2.0 and row["speedup_vs_deepgemm"] == 1.5
+    assert row["within_tolerance"] and 0 < row["fp8proj_err_vs_dequant"] <= 2e-3
+    assert 0 < row["deepgemm_err_vs_dequant"] <= 2e-3  # the fake GEMM: only its bf16 output rounding
+    assert not mos[0].shared_activation.holding
+    quantized.clear()
+    with torch.no_grad():
+        alone = b._projection_point("tiny", lins[:1], mos[:1], None, None, "decode", 16, 3, 0, None, device="cpu")
+    assert len(quantized) == 4 and not alone["pair"] and alone["n"] == 128 and "alone" in alone["note"]
+    assert not mos[0].shared_activation.holding  # cleared after the row
+
+
+def test_summary_reports_the_pair_beside_its_modules():
+    from fp8proj.bench_fp8ckpt import summarize
+
+    def row(proj, n, m, speedup, pair=False):
+        return dict(model="glm5", projection=proj, n=n, k=6144, kind="prefill", m=m, pair=pair, bf16_us=100.0,
+                    fp8proj_us=100.0 / speedup, speedup_vs_bf16=speedup, deepgemm_us=None, speedup_vs_deepgemm=None,
+                    fp8proj_err_vs_dequant=1.6e-3, within_tolerance=True)
+    proj = [row("self_attn.q_a_proj", 2048, 4096, 1.33), row("self_attn.kv_a_proj_with_mqa", 576, 4096, 0.79),
+            row("self_attn.o_proj", 6144, 4096, 1.7),
+            row("self_attn.q_a_proj+kv_a_proj_with_mqa", "2048+576", 4096, 1.65, pair=True)]
+    md = "\n".join(summarize(proj, [], []))
+    assert "| self_attn.q_a_proj+kv_a_proj_with_mqa | (2048+576)x6144 |" in md
+    assert "lowest fp8proj / bf16 at M >= 1024: 0.790x (MISSED)" in md  # the modules alone, as before
+    assert ("glm5 self_attn.q_a_proj+kv_a_proj_with_mqa prefill M=4096: 1.650x bf16 (alone: q_a_proj 1.330x, "
+            "kv_a_proj_with_mqa 0.790x)") in md
+    assert "counted as their pair): lowest fp8proj / bf16 at M >= 1024: 1.650x (met)" in md
+    assert "own activation quantization included" in md and "4/4" in md

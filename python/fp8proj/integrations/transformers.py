@@ -25,6 +25,12 @@ experts, other block sizes, static activation scales, a target not asked for) ar
 report.left with the reason. A model whose FP8Linears cannot run (no `kernels` package, offline)
 runs after patch().
 
+Where an attention's q_a_proj and kv_a_proj_with_mqa are both FP8 checkpoint layers taken by
+fp8proj and its forward calls both on one variable (DeepSeek-V3, GLM-5: `self.q_a_proj(
+hidden_states)` ... `self.kv_a_proj_with_mqa(hidden_states)`), the two hold one SharedActivation:
+the input is quantized once for both (report.shared; report.unshared says where not and why;
+share_inputs=False turns it off).
+
 Parameters are shared, not copied: the patched model's state_dict has the same keys and the
 same tensors, and unpatch restores the very modules that were there.
 """
@@ -39,7 +45,8 @@ import torch
 from torch import nn
 
 from .. import _lib
-from ..fp8_linear import Fp8CheckpointLinear, fp8_linear_class, fp8_linear_skip_reason, is_fp8_checkpoint_module
+from ..fp8_linear import (Fp8CheckpointLinear, SharedActivation, fp8_linear_class, fp8_linear_skip_reason,
+                          is_fp8_checkpoint_module)
 from ..torch import Fp8ProjLinear, Fp8ProjRMSNormLinear, Workspace
 
 __all__ = ["patch", "unpatch", "PatchReport", "find_mla_attention", "DEFAULT_TARGETS", "ALL_TARGETS",
@@ -54,6 +61,8 @@ ALL_TARGETS = ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_pro
 ALL_FP8_LINEARS = ALL_TARGETS + ("fp8_linear",)
 _ORIGINALS = "_fp8proj_originals"
 _FUSED_CALL = re.compile(r"self\.q_b_proj\(\s*self\.q_a_layernorm\(\s*self\.q_a_proj\(")
+# The two projections of the attention's input: one quantization of it serves both.
+SHARED_PAIR = ("q_a_proj", "kv_a_proj_with_mqa")
 
 
 @dataclass
@@ -67,6 +76,8 @@ class PatchReport:
     left: List[Tuple[str, str]] = field(default_factory=list)         # left on transformers' path, and why
     fp8_weight_bytes: int = 0   # e4m3 weights + scales of the patched FP8Linears, used as they are
     fp8_extra_bytes: int = 0    # what running them adds: fp32 copies of UE8M0 scales, GEMM plan workspaces
+    shared: List[str] = field(default_factory=list)                  # "attn: q_a_proj + kv_a_proj_with_mqa share ..."
+    unshared: List[Tuple[str, str]] = field(default_factory=list)    # (attention name, why its pair does not share)
 
     def __str__(self) -> str:
         lines = [f"fp8proj patch: {len(self.patched)} modules patched ({len(self.fused)} with the norm fused, "
@@ -80,6 +91,8 @@ class PatchReport:
                          f"they are (no copy); {self.fp8_extra_bytes} bytes added (fp32 copies of UE8M0 scales, GEMM "
                          "plan workspaces)")
         lines += [f"  left on transformers' path {n}: {why}" for n, why in self.left]
+        lines += [f"  shared {n}" for n in self.shared]
+        lines += [f"  not shared {n}: {why}" for n, why in self.unshared]
         if self.note:
             lines.append(f"  note: {self.note}")
         return "\n".join(lines)
@@ -96,16 +109,82 @@ def find_mla_attention(model: nn.Module) -> List[Tuple[str, nn.Module]]:
     return [(n, m) for n, m in model.named_modules() if _is_mla(m)]
 
 
+def _forward_source(attn: nn.Module) -> str:
+    """The attention's forward source ("" where unavailable: a compiled or dynamically made class)."""
+    try:
+        return inspect.getsource(inspect.unwrap(type(attn).forward))
+    except (OSError, TypeError):
+        return ""
+
+
 def _norm_feeds_q_b_alone(attn: nn.Module) -> Tuple[bool, str]:
     if getattr(attn, "indexer", None) is not None:
         return False, "an indexer also reads q_a_layernorm's output (DSA)"
-    try:
-        src = inspect.getsource(inspect.unwrap(type(attn).forward))
-    except (OSError, TypeError):
+    src = _forward_source(attn)
+    if not src:
         return False, f"the source of {type(attn).__name__}.forward is unavailable, so the norm's consumers are unknown"
     if not _FUSED_CALL.search(src) or src.count("self.q_a_layernorm(") != 1:
         return False, f"{type(attn).__name__}.forward uses q_a_layernorm's output other than as q_b_proj's input"
     return True, ""
+
+
+def _pair_input(attn: nn.Module) -> Tuple[str, str]:
+    """(the variable both of SHARED_PAIR are called on, "") where the forward source calls each only
+    as self.<name>(<one variable>), the same one for both; else ("", why not). This says where
+    sharing is expected; whether a call reuses the quantization is decided per call (the tensor
+    object and its version, SharedActivation), so a misread source costs a quantization, never a
+    wrong result."""
+    cls = type(attn).__name__
+    src = _forward_source(attn)
+    if not src:
+        return "", f"the source of {cls}.forward is unavailable, so what the pair reads is unknown"
+    args = []
+    for attr in SHARED_PAIR:
+        calls = src.count(f"self.{attr}(")
+        names = re.findall(rf"self\.{attr}\(\s*([A-Za-z_]\w*)\s*\)", src)
+        if calls == 0:
+            return "", f"{cls}.forward does not call self.{attr}(...)"
+        if len(names) != calls or len(set(names)) != 1:
+            return "", f"{cls}.forward calls self.{attr} on something other than one variable"
+        args.append(names[0])
+    if args[0] != args[1]:
+        return "", f"{cls}.forward calls q_a_proj({args[0]}) and kv_a_proj_with_mqa({args[1]}): two inputs"
+    return args[0], ""
+
+
+def _share_pairs(model: nn.Module, attns, fp8_plan, report: "PatchReport", share_inputs: bool) -> None:
+    """One SharedActivation for each attention's SHARED_PAIR where both are taken as FP8 checkpoint
+    layers and read one input; report.shared / report.unshared say where and why not. Only
+    attentions with at least one of the pair taken are reported (nothing to share otherwise)."""
+    left = dict(report.left)
+    for aname, attn in attns:
+        full = [f"{aname}.{t}" if aname else t for t in SHARED_PAIR]
+        taken = [f in fp8_plan for f in full]
+        where = aname or type(attn).__name__
+        if not any(taken):
+            continue
+        if not all(taken):
+            i = taken.index(False)
+            attr = SHARED_PAIR[i]
+            why = left.get(full[i]) or f"a {type(getattr(attn, attr, None)).__name__}, not an FP8 checkpoint layer"
+            report.unshared.append((where, f"{attr} is not run by fp8proj as an FP8 checkpoint layer ({why})"))
+            continue
+        if not share_inputs:
+            report.unshared.append((where, "share_inputs=False"))
+            continue
+        mods = [model.get_submodule(f) for f in full]
+        if mods[0].in_features != mods[1].in_features:
+            report.unshared.append((where, f"in_features {mods[0].in_features} and {mods[1].in_features} differ"))
+            continue
+        var, why = _pair_input(attn)
+        if why:
+            report.unshared.append((where, why))
+            continue
+        group = SharedActivation()
+        for mod in mods:
+            group.add(mod)
+        report.shared.append(f"{where}: q_a_proj + kv_a_proj_with_mqa share one activation quantization "
+                             f"(both read {var})")
 
 
 def _norm_is_plain_rmsnorm(norm: nn.Module) -> Tuple[bool, str]:
@@ -161,13 +240,17 @@ def _linear_skip_reason(lin: Optional[nn.Module]) -> str:
 
 def patch(model: nn.Module, *, enabled: Optional[bool] = True, policy: str = "prefill",
           targets: Sequence[str] = DEFAULT_TARGETS, fuse_norm: bool = True, share_workspace: bool = True,
-          scales: Optional[str] = None, **layer_opts) -> PatchReport:
+          scales: Optional[str] = None, share_inputs: bool = True, **layer_opts) -> PatchReport:
     """Replace `targets` of every MLA attention module of `model` in place (see the module doc).
     scales: the scale format of the FP8 copies made from bf16 weights, "ue8m0" (None: the
     default) or "float" (fp32 amax/448). layer_opts: threshold, decode_ceiling, max_tokens,
     fp8_backend (as for Fp8ProjLinear). The FP8PROJ_* knobs override enabled/policy/threshold/
     scales as in C++. Patch again after moving the model to another device only if it was
-    patched on the CPU: modules rebuild their FP8 copies on .to()/.cuda() themselves."""
+    patched on the CPU: modules rebuild their FP8 copies on .to()/.cuda() themselves.
+    share_inputs: where q_a_proj and kv_a_proj_with_mqa are both FP8 checkpoint layers run by
+    fp8proj and the attention calls both on one variable, quantize that input once for both
+    (fp8_linear.SharedActivation: reused only for the same tensor object, unmodified, on the same
+    stream; bypassed under torch.compile). False: each quantizes its input itself."""
     if isinstance(targets, str):
         raise TypeError(f"fp8proj: targets must be a sequence of names (e.g. ALL_TARGETS), got the string {targets!r}")
     unknown = set(targets) - set(ALL_FP8_LINEARS)
@@ -274,6 +357,7 @@ def patch(model: nn.Module, *, enabled: Optional[bool] = True, policy: str = "pr
         setattr(parent, attr, mod)
         report.patched.append(full)
         report.fp8.append(full)
+    _share_pairs(model, attns, fp8_plan, report, share_inputs)
     for full in report.fp8:
         # Each GEMM plan made now, outside any CUDA graph capture (a no-op off the GPU path).
         mod = model.get_submodule(full)

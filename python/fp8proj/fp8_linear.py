@@ -234,6 +234,21 @@ def block_fp8_linear_reference(x: torch.Tensor, weight: torch.Tensor, scales: to
     return y.view(*x.shape[:-1], n)
 
 
+def _capturing_graph():
+    """None outside a CUDA graph capture; inside one the graph being captured, or False where this
+    torch cannot say which. Part of a SharedActivation entry's key: codes kept outside a capture
+    (or in another graph's) hold values of that time, which a replay of this graph would not
+    refresh, so they may be used only in the capture that made them."""
+    if not torch.cuda.is_current_stream_capturing():
+        return None
+    get = getattr(torch.cuda.CUDAGraph, "get_currently_capturing_graph", None)
+    try:
+        graph = get() if get is not None else None
+    except Exception:  # noqa: BLE001 - not knowing the graph only means not sharing
+        graph = None
+    return graph if graph is not None else False
+
+
 class SharedActivation:
     """One activation quantization for several Fp8CheckpointLinear modules that read one input.
 
@@ -248,7 +263,9 @@ class SharedActivation:
         in-place write since; views share that counter). An inference tensor has no counter, so
         under torch.inference_mode nothing is shared;
       - the same activation format, the same path (fp8proj's ops or the torch fallback, whose
-        results differ in layout) and, on a GPU, the same current CUDA stream;
+        results differ in layout) and, on a GPU, the same current CUDA stream and the same CUDA
+        graph capture, or none (a torch without CUDAGraph.get_currently_capturing_graph cannot
+        name the graph being captured: there nothing is shared during a capture);
       - this member has not used this entry yet (each other member once: a member called twice
         on one input quantizes twice, so timing one module alone still includes its quantization).
 
@@ -372,7 +389,10 @@ class Fp8CheckpointLinear(nn.Module):
         if g is None or torch.compiler.is_compiling() or (torch.is_grad_enabled() and x.requires_grad):
             return None
         stream = torch.cuda.current_stream(x.device).cuda_stream if x.is_cuda else None
-        key = ("float", "kernel" if kernel else "torch", stream, self.in_features)
+        capture = _capturing_graph() if x.is_cuda else None
+        if capture is False:
+            return None
+        key = ("float", "kernel" if kernel else "torch", stream, capture, self.in_features)
         q = g.take(self.name, x, key)
         if q is None:
             x2 = _rows(x, self.in_features)

@@ -315,7 +315,8 @@ def test_gpu_pair_bit_identical_to_unshared(gpu, m):
 def test_gpu_pair_in_a_cuda_graph(gpu):
     """A manual capture runs the modules eagerly: q_a_proj quantizes, kv_a_proj_with_mqa reuses it
     (one quantization and two GEMMs recorded); replays with new values in the static input give
-    the unshared modules' outputs bit for bit."""
+    the unshared modules' outputs bit for bit. An entry kept before the capture, on the capture's
+    own stream, is not used inside it (its codes would never be refreshed by a replay)."""
     qa, kv, group, (pq, pk) = pair("cuda", k=512)
     for mod in (qa, kv, pq, pk):
         mod.prepare()
@@ -327,10 +328,14 @@ def test_gpu_pair_in_a_cuda_graph(gpu):
             qa(x), kv(x)
     torch.cuda.current_stream().wait_stream(s)
     hits = group.hits
+    qa(x)  # kept outside the capture on this stream: a capture must not use it
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+    with torch.cuda.graph(g, stream=torch.cuda.current_stream()):
         yq, yk = qa(x), kv(x)
-    assert group.hits == hits + 1 and not group.holding
+    names_graph = hasattr(torch.cuda.CUDAGraph, "get_currently_capturing_graph")
+    print(f"torch {torch.__version__}: CUDAGraph.get_currently_capturing_graph "
+          f"{'present: shared in the capture' if names_graph else 'absent: not shared in a capture'}")
+    assert group.hits == hits + (1 if names_graph else 0) and not group.holding
     for seed in range(3):
         x.copy_(torch.randn(x.shape, generator=torch.Generator("cuda").manual_seed(seed), device="cuda", dtype=BF16))
         g.replay()

@@ -6,7 +6,7 @@ tool, one harness process forces that configuration (`--config`) on problems cho
 full last tile, a partial last tile in M together with an N tail (N = 2624: a partial last
 128-row weight block), K = 512; the kernels compiled for one K also at K = 1536 / 2048 / 4096;
 2-CTA clusters with an odd tile count (a spare tile); the carrying (_c) kernels with >= 2 tiles
-per CTA; the swap-AB kernels with split-K. The other kernels (quantizers, attention, MLA
+per CTA (their grid sized for 4 SMs, so that small problems, which racecheck can finish, do it); the swap-AB kernels with split-K. The other kernels (quantizers, attention, MLA
 helpers) run through their GPU tests, one filter per family. Every row ends in the tool's own
 summary line and the program's verdict; the matrix is written as CSV and markdown.
 
@@ -70,8 +70,8 @@ def problems_for(name):
             runs.append((name + "_sk4", [(max(1, bm - 3), 2624, 1024), (2 * bm, 1024, 1024)]))
             runs.append((name + "_sk3", [(2 * bm - 1, 2112, 768)]))
         return runs
-    if f["carry"]:  # >= 2 tiles per CTA (132 CTAs), so every epilogue carries a K block
-        probs = [(2305, 4096, 512), (2305, 2624, 512), (2304, 4096, 128)]
+    if f["carry"]:  # >= 2 tiles per CTA on CARRY_SMS SMs (extra_args), so epilogues carry a K block
+        probs = [(257, 512, 512), (257, 2624, 512), (513, 512, 128)]
     elif f["cluster_m"]:  # odd M-tile count: the last pair's second tile lies past M
         probs = [(4 * bm, 8 * bn, 512), (3 * bm - 1, 2624, 512)]
     elif f["cluster_n"]:  # odd N-tile count: a spare tile past N
@@ -81,6 +81,17 @@ def problems_for(name):
     if name in PER_K:
         probs += [(bm + 5, 1024, 1536), (bm + 5, 1024, 2048), (bm + 5, 1024, 4096)]
     return [(name, probs)]
+
+
+# The carrying kernels need several tiles per CTA. With the device's 132 SMs that took 600+ tiles
+# (2305 x 4096), which racecheck did not finish in 540 s; sized for 4 SMs (harness --sms), 8-63
+# tiles give every CTA 2-16 tiles, a partial last tile in M and an N tail.
+CARRY_SMS = 4
+
+
+def extra_args(base):
+    """Harness arguments the runs of a family member (a --list-configs name) add to --config and --mnk."""
+    return ["--sms", str(CARRY_SMS)] if parse_name(base)["carry"] else []
 
 
 def run(cmd, log_path, timeout, env):
@@ -144,8 +155,9 @@ def main():
             for tool in tools:
                 log = os.path.join(a.out, f"{tool}__{name}.log")
                 cmd = ["compute-sanitizer", "--tool", tool, "--print-limit", "200", "--error-exitcode", "9",
-                       a.harness, "--no-timing", "--config", name] + mnk
-                gemm_jobs.append((name, "; ".join("x".join(map(str, p)) for p in probs), tool, cmd, log))
+                       a.harness, "--no-timing", "--config", name] + mnk + extra_args(base)
+                where = f" (grid for {CARRY_SMS} SMs)" if extra_args(base) else ""
+                gemm_jobs.append((name, "; ".join("x".join(map(str, p)) for p in probs) + where, tool, cmd, log))
     for label, filt in TEST_FAMILIES:
         for tool in tools:
             safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", label)
@@ -212,6 +224,9 @@ def write_from_logs(out, tools, planned):
         else:
             label = name
             probs = "; ".join(p.replace(",", "x") for p in re.findall(r"--mnk (\S+)", cmd))
+            sms = re.search(r"--sms (\d+)", cmd)
+            if sms:
+                probs += f" (grid for {sms.group(1)} SMs)"
         rc = 0 if re.search(r"(\d+) passed, 0 failed|\[  PASSED  \] \d+ test", text) and \
             not re.search(r"ERROR SUMMARY: [1-9]|RACECHECK SUMMARY: [1-9]", text) else 1
         clean, vtext = verdict(tool, text, rc)

@@ -336,7 +336,7 @@ def _projection_point(model, lins_bf16, mos, mds, cast, kind, m, reps, warmup, f
         err_dg = max(_rel(y[:r_], xd @ w) for y, w in zip(outs[2], w_refs))
         ours_vs_dg = max(_rel(a[:r_], b[:r_]) for a, b in zip(outs[1], outs[2]))
     del outs, w_refs, xo
-    t = time_rounds(fns, reps, warmup, flush, delay_us=200 + 0.05 * m * len(mos))
+    t = time_rounds(fns, reps, warmup, flush, delay_us=1000 + 0.05 * m * len(mos))
     shared = [mo.shared_activation for mo in mos]
     pair = len(mos) > 1
     if pair:

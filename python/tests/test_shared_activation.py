@@ -326,12 +326,12 @@ def test_gpu_pair_in_a_cuda_graph(gpu):
     with torch.cuda.stream(s):
         for _ in range(2):
             qa(x), kv(x)
-    torch.cuda.current_stream().wait_stream(s)
-    hits = group.hits
-    qa(x)  # kept outside the capture on this stream: a capture must not use it
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, stream=torch.cuda.current_stream()):
+        hits = group.hits
+        qa(x)  # kept outside the capture, on the stream the capture will use: it must not use it
+    g = torch.cuda.CUDAGraph()  # captured on s (CUDA refuses the legacy default stream)
+    with torch.cuda.graph(g, stream=s):
         yq, yk = qa(x), kv(x)
+    torch.cuda.current_stream().wait_stream(s)
     names_graph = hasattr(torch.cuda.CUDAGraph, "get_currently_capturing_graph")
     print(f"torch {torch.__version__}: CUDAGraph.get_currently_capturing_graph "
           f"{'present: shared in the capture' if names_graph else 'absent: not shared in a capture'}")

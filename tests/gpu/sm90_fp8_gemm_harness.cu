@@ -29,6 +29,11 @@
 // Exit: 0 all passed, 1 a failure, 77 no (sm_90) GPU.
 // Usage: sm90_fp8_gemm_harness [--quick] [--no-timing] [--config NAME[,NAME...]] [--mnk M,N,K]
 //                              [--shapes all|design|correctness] [--reps N] [--floor] [--list-configs]
+//                              [--sms N]
+//   --sms N: size the persistent grids for N SMs instead of the device's count, so that a small
+//   problem still gives every CTA several tiles (the carrying kernels' second tile) -- what
+//   compute-sanitizer's racecheck, which slows shared-memory traffic by orders of magnitude,
+//   can finish.
 //   default (all): the 16 target N x K shapes at M in {1,16,64,128,256,512,1024,4096,8192,32768}.
 //   design: the reference table's points (docs/design.md), 6 shapes x M in {16,...,32768}
 //   (66 problems; ~1-2 min on an H200 with --reps 15).
@@ -340,6 +345,7 @@ int run_floor(int reps, int sms) {
 struct Options {
   bool quick = false, timing = true, floor = false;
   int reps = 20;
+  int sms = 0;  // --sms: persistent grids sized for this many SMs (0: the device's count)
   std::string config, shapes = "all";
   std::vector<std::array<int64_t, 3>> problems;
 };
@@ -376,7 +382,7 @@ CheckSums read_sums(CheckSums* dev) {
 
 void run_problem(int64_t M, int64_t N, int64_t K, int idx, const Options& opt, const cudaDeviceProp& prop,
                  DevBuf<uint8_t>& flush) {
-  const int num_sms = prop.multiProcessorCount;
+  const int num_sms = opt.sms > 0 ? std::min(opt.sms, prop.multiProcessorCount) : prop.multiProcessorCount;
   const Problem p{M, N, K, num_sms};
   const int64_t KB = K / 128;
   // a_scale_ld: round_up(M, 4), sometimes 4 more, to test a stride larger than needed.
@@ -554,6 +560,12 @@ int main(int argc, char** argv) {
       }
     } else if (s == "--config" && i + 1 < argc) {
       opt.config = argv[++i];
+    } else if (s == "--sms" && i + 1 < argc) {
+      opt.sms = std::atoi(argv[++i]);
+      if (opt.sms < 1) {
+        std::fprintf(stderr, "--sms wants a positive SM count\n");
+        return 2;
+      }
     } else if (s == "--mnk" && i + 1 < argc) {
       long long m, n, k;
       if (std::sscanf(argv[++i], "%lld,%lld,%lld", &m, &n, &k) != 3) {
@@ -564,7 +576,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: %s [--quick] [--no-timing] [--config NAME[,NAME...]] [--mnk M,N,K]... [--shapes all|design|correctness] "
-                   "[--reps N] [--floor] [--list-configs]\n",
+                   "[--reps N] [--floor] [--list-configs] [--sms N]\n",
                    argv[0]);
       return 2;
     }

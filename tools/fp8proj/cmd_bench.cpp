@@ -159,7 +159,17 @@ void run_bench(const BenchArgs& a) {
         fns.push_back(fp8_ok ? Fn([&, lp](StreamHandle st) { lp->forward(x.data(), m, y.data(), st); }) : Fn());
         fns.push_back(fp8_ok ? Fn([&, lp](StreamHandle st) { lp->forward_quantized(qv, y.data(), st); }) : Fn());
       }
-      const std::vector<double> t = time_interleaved(space, fns, topt);
+      // A failing call names its layer and kernel (time_interleaved).
+      auto label = [m](const ProjectionLayer& l, const char* what) {
+        const Explanation e = l.explain(m);
+        return fmt::format("{}{} M={}: {} {}", l.name(), what, m, e.backend, e.config);
+      };
+      std::vector<std::string> labels = {label(l_bf16, ""), label(l_gate, " (gated)")};
+      for (auto& l : l_fp8) {
+        labels.push_back(label(*l, ""));
+        labels.push_back(label(*l, " (GEMM alone)"));
+      }
+      const std::vector<double> t = time_interleaved(space, fns, topt, labels);
       for (size_t i = 0; i < modes.size(); ++i) {
         Row r{s, m, t[0], t[2 + 2 * i], t[3 + 2 * i], t[1], to_string(l_gate.path_for(m)), fp8_backend, modes[i]};
         const ProjectionMemory fm = l_fp8[i]->memory();

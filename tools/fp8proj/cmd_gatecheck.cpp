@@ -110,9 +110,13 @@ class ShapeCheck {
   // of repetitions per variant left 2-4% between two layers running the same kernel.
   void time_all(int64_t m, const TimingOptions& topt, double (&us)[kVariants]) {
     std::vector<std::function<void(StreamHandle)>> fns;
-    for (int v = 0; v < kVariants; ++v)
+    std::vector<std::string> labels;  // a failing call names its layer and kernel
+    for (int v = 0; v < kVariants; ++v) {
       fns.push_back([this, l = layers_[v].get(), m](StreamHandle st) { l->forward(x_.data(), m, ya_.data(), st); });
-    const std::vector<double> t = time_interleaved(space_, fns, topt);
+      const Explanation e = layers_[v]->explain(m);
+      labels.push_back(fmt::format("{} M={}: {} {}", layers_[v]->name(), m, e.backend, e.config));
+    }
+    const std::vector<double> t = time_interleaved(space_, fns, topt, labels);
     for (int v = 0; v < kVariants; ++v) us[v] = t[v];
   }
 

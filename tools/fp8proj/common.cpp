@@ -212,15 +212,23 @@ double time_or_host(MemorySpace space, const std::function<void(StreamHandle)>& 
 }
 
 std::vector<double> time_interleaved(MemorySpace space, const std::vector<std::function<void(StreamHandle)>>& fns,
-                                     const TimingOptions& options) {
+                                     const TimingOptions& options, const std::vector<std::string>& labels) {
   const int reps = std::max(1, options.reps);
   TimingOptions one = options;
   one.reps = 1;
   std::vector<std::vector<double>> samples(fns.size());
   for (int r = 0; r < reps; ++r) {
     one.warmup = r == 0 ? options.warmup : 0;
-    for (size_t i = 0; i < fns.size(); ++i)
-      if (fns[i]) samples[i].push_back(time_or_host(space, fns[i], one));
+    for (size_t i = 0; i < fns.size(); ++i) {
+      if (!fns[i]) continue;
+      try {
+        samples[i].push_back(time_or_host(space, fns[i], one));
+      } catch (const Error& e) {
+        const std::string what = i < labels.size() ? labels[i] : "variant " + std::to_string(i + 1);
+        throw Error(fmt::format("{} -- while timing {} (variant {} of {}), call {} of {}{}", e.what(), what, i + 1,
+                                fns.size(), r + 1, reps, r == 0 && options.warmup > 0 ? " or its warm-up" : ""));
+      }
+    }
   }
   std::vector<double> out(fns.size(), 0.0);
   for (size_t i = 0; i < fns.size(); ++i)

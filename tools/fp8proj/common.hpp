@@ -99,9 +99,11 @@ double time_or_host(MemorySpace space, const std::function<void(StreamHandle)>& 
 // A B C ...; each call L2-flushed as options say, warm-up only before the first): the median
 // of options.reps calls per variant. Clock and power drift -- the H200 caps its clock within
 // ~0.1 s of sustained FP8 load -- then hits every variant alike, which blocks of repetitions
-// per variant do not. An empty function gives 0.
+// per variant do not. An empty function gives 0. When a call fails (a CUDA error surfaces at the
+// synchronisation after it), the error names the variant -- `labels[i]` where given, else its
+// index -- and the call number: after a sticky fault only the call just timed can have raised it.
 std::vector<double> time_interleaved(MemorySpace space, const std::vector<std::function<void(StreamHandle)>>& fns,
-                                     const TimingOptions& options);
+                                     const TimingOptions& options, const std::vector<std::string>& labels = {});
 
 // Files a command will write, checked before any work so that a long run does not end in an
 // error: each is (option, path), "" meaning none. A path must not be a folder, its folder must

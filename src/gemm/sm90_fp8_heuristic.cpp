@@ -302,7 +302,7 @@ int64_t smem_bytes(const Config& cfg, int64_t k) {
   return fixed + align_up(ceil_div(kb, std::max(1, cfg.split_k)) * 4, 16);
 }
 
-int64_t split_counter_bytes(int64_t n) { return align_up(kMaxSplitTokenTiles * ceil_div(n, 128) * 4, 256); }
+int64_t split_counter_bytes(int64_t n) { return align_up(kMaxSplitTokenTiles * ceil_div(n, 64) * 4, 256); }
 
 size_t workspace_bytes(const Config& cfg, int64_t m, int64_t n, int64_t k) {
   (void)k;
@@ -315,7 +315,7 @@ namespace {
 
 // The rules a configuration must keep to run a problem, in the order they are checked.
 enum class Rule : uint8_t {
-  none, problem, instantiated, nonempty, split_on_swapab, cluster_on_1d2d, split_on_128_rows, cluster_fits,
+  none, problem, instantiated, nonempty, split_on_swapab, cluster_on_1d2d, cluster_fits,
   split_token_tiles, split_range, smem, workspace
 };
 
@@ -325,7 +325,6 @@ Rule broken_rule(const Config& cfg, const Problem& p) noexcept {
   if (p.m < 1) return Rule::nonempty;
   if (cfg.kind == KernelKind::kGemm1d2d && cfg.split_k != 1) return Rule::split_on_swapab;
   if (cfg.kind == KernelKind::kSwapAB && cfg.cluster != 1) return Rule::cluster_on_1d2d;
-  if (swap_ab_k_split(cfg.kind, cfg.block_n) && cfg.split_k != 1) return Rule::split_on_128_rows;
   if (cfg.cluster > 1 && p.num_sms < cfg.cluster) return Rule::cluster_fits;
   if (cfg.split_k > 1 && ceil_div(p.m, cfg.block_m) > kMaxSplitTokenTiles) return Rule::split_token_tiles;
   if (cfg.split_k < 1 || cfg.split_k > std::min<int64_t>(kMaxSplitK, k_blocks(p))) return Rule::split_range;
@@ -352,7 +351,6 @@ std::string why_illegal(const Config& cfg, const Problem& p) {
     case Rule::nonempty: return "M = 0: nothing to compute";
     case Rule::split_on_swapab: return "split-K only exists for swapab kernels";
     case Rule::cluster_on_1d2d: return "clusters only exist for the 1d2d kernels";
-    case Rule::split_on_128_rows: return "split-K exists only for the 128-row swap-AB tiles";
     case Rule::cluster_fits:
       return "a cluster of " + std::to_string(cfg.cluster) + " CTAs needs at least as many SMs";
     case Rule::split_token_tiles:

@@ -77,7 +77,8 @@ constexpr int64_t d_tile_bytes(int block_m, int block_n) {
 }
 
 // Swap-AB with 64-row weight tiles (the kernel's kAltK): its two warpgroups take alternate K
-// blocks of the same rows, it stores from registers, and it has no split-K.
+// blocks of the same rows and it stores from registers; with split-K, warpgroup 0 hands the CTA's
+// sum over (N = 2624 gives 41 such tiles for 132 SMs).
 constexpr bool swap_ab_k_split(KernelKind kind, int block_n) { return kind == KernelKind::kSwapAB && block_n == 64; }
 
 // Shared memory that does not depend on K: output area | stages | barriers. The output area is
@@ -126,7 +127,8 @@ int64_t smem_bytes(const Config& cfg, int64_t k);
 size_t workspace_bytes(const Config& cfg, int64_t m, int64_t n, int64_t k);
 
 // Split-K workspace layout: [counters | partials]. The counter region depends on N alone
-// (kMaxSplitTokenTiles x N/128 slots), so every configuration and M that share one workspace —
+// (kMaxSplitTokenTiles x N/64 slots: one per tile of the narrowest, 64-row, weight tile), so every
+// configuration and M that share one workspace —
 // one plan, one weight — agree on where the counters live, and partials of one launch can never
 // land on the counters of the next (each launch leaves its counters at zero). A layout sized
 // by the launch's own tile count let a 48-tile split-K launch write partials over the counters

@@ -305,14 +305,25 @@ TEST(Sm90Fp8Heuristic, ScaleRowsAndLayoutConstants) {
   EXPECT_EQ(smem_fixed_bytes(KernelKind::kSwapAB, 16, 64, 15), 4096 + 15 * 10368 + 256);
 }
 
-TEST(Sm90Fp8Heuristic, SwapAB64RowTileHasNoSplitK) {
+TEST(Sm90Fp8Heuristic, SwapAB64RowTileSplitK) {
   const Problem p{16, 4096, 2048, 132};
   Config c = Config::parse("swapab_m16n64_ws2_st15");
   EXPECT_TRUE(why_illegal(c, p).empty()) << why_illegal(c, p);
   EXPECT_EQ(tile_grid(c, p).units, 64);  // twice the 32 units of the 128-row tile
-  c.split_k = 2;
-  EXPECT_NE(why_illegal(c, p).find("split-K exists only for the 128-row"), std::string::npos);
-  EXPECT_EQ(best_split_k(Config::parse("swapab_m16n64_ws2_st15"), p), 1);
+  c.split_k = 3;
+  EXPECT_TRUE(why_illegal(c, p).empty()) << why_illegal(c, p);
+  EXPECT_EQ(tile_grid(c, p).units, 192);
+  EXPECT_EQ(Config::parse("swapab_m16n64_ws2_st15_sk3"), c);
+  // Counters: one slot per 64-row tile and token tile (up to kMaxSplitTokenTiles), before the
+  // partials; the partials of 64 x 16 fp32 per unit.
+  EXPECT_EQ(split_counter_bytes(4096), align_up(kMaxSplitTokenTiles * 64 * 4, 256));
+  EXPECT_EQ(workspace_bytes(c, 16, 4096, 2048), static_cast<size_t>(split_counter_bytes(4096) + 64 * 3 * 16 * 64 * 4));
+  // The counter index of the last unit (n_tile * m_tiles + m_tile) stays inside the counters at
+  // the most token tiles a split may have.
+  const Problem wide{16 * kMaxSplitTokenTiles, 2624, 6144, 132};
+  c.block_m = 16;
+  EXPECT_LE(int64_t{4} * (ceil_div(2624, 64) * kMaxSplitTokenTiles), split_counter_bytes(2624));
+  EXPECT_TRUE(why_illegal(c, wide).empty()) << why_illegal(c, wide);
 }
 
 // The heuristic against measurements: FP8PROJ_H200_TUNE_TIMES holds the time of every sm90

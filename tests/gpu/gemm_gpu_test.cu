@@ -257,7 +257,7 @@ INSTANTIATE_TEST_SUITE_P(
 
 // ---- N not a multiple of 128, every configuration --------------------------------------------
 
-// Every configuration of the family (and split-K for the 128-row swap-AB tiles), forced, at N
+// Every configuration of the family (and split-K for the swap-AB tiles), forced, at N
 // with a partial last 128-row weight block: N = 2624 (GLM-5 fused_qkv_a), 576 (kv_a), 272, 800,
 // 1088, 1376 (16, 32, 64, 96 mod 128), K = 512. The output buffer is y [M, N] (ld N: the API has
 // no output stride) followed by a guard region, all poisoned: every element must be written,
@@ -274,10 +274,16 @@ std::vector<NTailCase> n_tail_cases() {
   std::vector<NTailCase> out;
   std::vector<sm90::Config> configs = sm90::kernel_family();
   for (const sm90::Config& c : sm90::kernel_family())
-    if (c.kind == sm90::KernelKind::kSwapAB && !sm90::swap_ab_k_split(c.kind, c.block_n)) {
+    if (c.kind == sm90::KernelKind::kSwapAB) {
       sm90::Config split = c;
       split.split_k = 4;
       configs.push_back(split);
+      // 64-row tiles: at K = 512, 4 splits leave warpgroup 1 without a K block; 2 give each
+      // warpgroup one per split.
+      if (sm90::swap_ab_k_split(c.kind, c.block_n)) {
+        split.split_k = 2;
+        configs.push_back(split);
+      }
     }
   for (const sm90::Config& c : configs)
     for (int64_t n : {2624, 576, 272, 800, 1088, 1376}) out.push_back({c.name(), n});

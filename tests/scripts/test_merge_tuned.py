@@ -25,6 +25,10 @@ def table(rows, version):
 
 
 def merge(tmp, base, new):
+    return merge_args(tmp, base, new, [])
+
+
+def merge_args(tmp, base, new, extra):
     paths = []
     for name, t in (("base.json", base), ("new.json", new)):
         p = os.path.join(tmp, name)
@@ -32,7 +36,7 @@ def merge(tmp, base, new):
             json.dump(t, f)
         paths.append(p)
     out = os.path.join(tmp, "out.json")
-    r = subprocess.run([sys.executable, TOOL, *paths, "-o", out], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, TOOL, *paths, "-o", out, *extra], capture_output=True, text=True)
     return r, out
 
 
@@ -59,6 +63,31 @@ def main() -> int:
                                    capture_output=True, text=True)
                 if c.returncode != 0:
                     failures.append(f"fp8proj tune --from the merged table failed: {c.stdout}{c.stderr}")
+        # --buckets-up-to: BASE's row keeps its threshold and its buckets above M.
+        two = dict(row(6144, 16384, 140, "m64n64_ws1_st12"))
+        two["buckets"] = two["buckets"] + [dict(two["buckets"][0], m_lo=17, m_hi=64, fp8_config="m64n128_ws1_st8")]
+        base2 = table([two], "base")
+        low = row(6144, 16384, 0, "swapab_m16n64_ws2_st15_sk3")
+        low["buckets"] = [dict(low["buckets"][0], m_hi=4), dict(low["buckets"][0], m_lo=5, fp8_config="swapab_m16n64_ws2_st15")]
+        r, out = merge_args(tmp, base2, table([low], "new"), ["--buckets-up-to", "16"])
+        if r.returncode != 0:
+            failures.append(f"--buckets-up-to merge failed: {r.stderr}")
+        else:
+            got = json.load(open(out))["shapes"][0]
+            want = [(1, 4, "swapab_m16n64_ws2_st15_sk3"), (5, 16, "swapab_m16n64_ws2_st15"), (17, 64, "m64n128_ws1_st8")]
+            if [(b["m_lo"], b["m_hi"], b["fp8_config"]) for b in got["buckets"]] != want or got["threshold"] != 140:
+                failures.append(f"--buckets-up-to row {got}")
+        gap = row(6144, 16384, 0, "x")
+        gap["buckets"] = [dict(gap["buckets"][0], m_lo=2)]
+        r, _ = merge_args(tmp, base2, table([gap], "new"), ["--buckets-up-to", "16"])
+        if r.returncode == 0 or "cover" not in r.stderr:
+            failures.append(f"buckets not covering 1..16 were not refused: {r.returncode} {r.stderr}")
+        r, _ = merge_args(tmp, base2, table([row(2624, 6144, 0, "x")], "new"), ["--buckets-up-to", "16"])
+        if r.returncode == 0 or "no row" not in r.stderr:
+            failures.append(f"a row BASE lacks was not refused: {r.returncode} {r.stderr}")
+        r, _ = merge_args(tmp, base2, table([low], "new"), ["--buckets-up-to", "8"])
+        if r.returncode == 0:
+            failures.append("--buckets-up-to 8 with NEW's buckets reaching 16 was not refused")
         other = table([row(2624, 6144, 77, "x")], "new")
         other["stamp"]["gpu_name"] = "NVIDIA B200"
         r, _ = merge(tmp, base, other)

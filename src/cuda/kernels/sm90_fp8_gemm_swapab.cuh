@@ -11,7 +11,7 @@
 //     SMs): unit = (weight tile, K range, token tile); see SplitKUnitScheduler;
 //   - or (BLOCK_W = 64, 16 tokens) tiles of 64 weight rows, both warpgroups on the same rows
 //     and alternate K blocks: twice the CTAs without split-K's hand-over through global
-//     memory. A CTA cannot stream faster than its WGMMAs consume: at N = 16 a 128-row K block
+//     memory (and split-K on top where even that leaves SMs idle: N = 2624 is 41 tiles). A CTA cannot stream faster than its WGMMAs consume: at N = 16 a 128-row K block
 //     (8 x m64n16k32) takes its consumers ~0.2 us whether the MMAs chain or not (~50 cycles
 //     each, however little they compute), so 32 CTAs took 3.1 us for what HBM delivered in 2.3
 //     (per-CTA trace); with 64 CTAs the consumers keep up (-0.35 us, 4096 x 2048, M = 16).
@@ -24,8 +24,9 @@
 // (4 x wgmma m64nTOKk32, fresh accumulator) and promotes
 //   acc[n][m] += (sa[kb][m] * sb[n0/128][kb]) * P[n][m]
 // (the weight tile lies in one scale block, so sb is one value per K block and tile). With
-// BLOCK_W = 64 warpgroup g takes rows n0 .. n0+64 of the K blocks of its parity, and
-// acc = acc_wg0 + acc_wg1 (through shared memory) before the epilogue.
+// BLOCK_W = 64 warpgroup g takes rows n0 .. n0+64 of the K blocks of its parity (counted from
+// the unit's first K block), and acc = acc_wg0 + acc_wg1 (through shared memory) before the
+// split-K hand-over (warpgroup 0 alone) and the epilogue.
 //
 // Split-K (S > 1), deterministic: every unit writes its fp32 partial tile to the workspace in
 // the accumulator's own register layout (float4 j of thread t at [j][t]: coalesced), then
@@ -130,7 +131,6 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   const uint32_t warp = __shfl_sync(0xffffffffu, threadIdx.x / 32, 0);
   const uint32_t lane = threadIdx.x % 32;
   const uint32_t num_kb = k / 128;
-  if (T::kAltK && split_k > 1) __trap();  // launcher bug (no split-K for 64-row tiles): never a wrong result
 
   if (threadIdx.x == T::kMathThreads)
     init_tma_pipeline<kStages, kWatchdog>(smem, &tmap_a, &tmap_sfa, &tmap_b, &tmap_d, full, empty, T::kEmptyArrivals, done,
@@ -257,6 +257,38 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         if (wg == 1) continue;
 #pragma unroll
         for (int i = 0; i < kAcc; ++i) acc[i] += red[i * 128 + t];
+
+        // ---- split-K: warpgroup 0 publishes the CTA's sum; only the last split goes on ----
+        // As for the 128-row tiles below, with warpgroup 0's 128 threads (named barrier 4): a
+        // partial is TOK x 64 floats, float4 j of thread t at [j][t].
+        if (split_k > 1) {
+          const uint32_t tile = n_tile * sched.m_tiles + m_tile;
+          constexpr uint32_t kPartialFloats = BLOCK_W * BLOCK_TOK;  // = 128 * kAcc
+          float4* mine = reinterpret_cast<float4*>(partials + (static_cast<size_t>(tile) * split_k + split) * kPartialFloats);
+#pragma unroll
+          for (int j = 0; j < kAcc / 4; ++j)
+            __stcg(mine + j * 128 + t, make_float4(acc[4 * j + 0], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]));
+          __threadfence();  // each thread's partial is visible GPU-wide before the count
+          ptx::named_barrier_sync(4, 128);
+          if (t == 0) *last_flag = atomicAdd(tile_counters + tile, 1u) == split_k - 1 ? 1u : 0u;
+          ptx::named_barrier_sync(4, 128);
+          if (*last_flag == 0) continue;  // uniform across warpgroup 0
+          __threadfence();
+          if (t == 0) tile_counters[tile] = 0;  // all S arrivals counted: ready for the next launch
+          const float4* all = reinterpret_cast<const float4*>(partials + static_cast<size_t>(tile) * split_k * kPartialFloats);
+#pragma unroll
+          for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
+          for (uint32_t sp = 0; sp < split_k; ++sp) {  // fixed order: deterministic
+#pragma unroll
+            for (int j = 0; j < kAcc / 4; ++j) {
+              const float4 v = __ldcg(all + (static_cast<size_t>(sp) * kPartialFloats) / 4 + j * 128 + t);
+              acc[4 * j + 0] += v.x;
+              acc[4 * j + 1] += v.y;
+              acc[4 * j + 2] += v.z;
+              acc[4 * j + 3] += v.w;
+            }
+          }
+        }
 
         // ---- epilogue: bf16 straight from the registers (a tile is at most TOK x 64 x 2 B) ----
         // Thread's values: weight rows (D columns) 16 warp + lane / 4 (+ 8 for j >= 2), tokens (D

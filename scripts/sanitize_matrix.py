@@ -66,9 +66,12 @@ def problems_for(name):
     bm, bn = f["bm"], f["bn"]
     if f["swapab"]:
         runs = [(name, [(2 * bm, 1024, 512), (max(1, bm - 5), 2624, 512), (2 * bm - 3, 2624, 512)])]
-        if bn == 128:  # split-K exists for the 128-row weight tiles: 3 and 4 splits, tails in M and N
+        if bn == 128:  # split-K of the 128-row weight tiles: 3 and 4 splits, tails in M and N
             runs.append((name + "_sk4", [(max(1, bm - 3), 2624, 1024), (2 * bm, 1024, 1024)]))
             runs.append((name + "_sk3", [(2 * bm - 1, 2112, 768)]))
+        else:  # the 64-row tile (one token tile): 2 and 3 splits, an N tail, odd K blocks per split
+            runs.append((name + "_sk2", [(max(1, bm - 3), 2624, 1024), (bm, 1024, 1536)]))
+            runs.append((name + "_sk3", [(bm, 2112, 1152)]))
         return runs
     if f["carry"]:  # >= 2 tiles per CTA on CARRY_SMS SMs (extra_args), so epilogues carry a K block
         probs = [(257, 512, 512), (257, 2624, 512), (513, 512, 128)]

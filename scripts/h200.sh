@@ -11,7 +11,7 @@
 #                                               ntail layer_dense decode_policy layer_residual
 #                                               faults sanitize_all tune_dense deepgemm_ntail
 #                                               python_overhead python_tests python_bench soak
-#                                               python_fp8ckpt pdl_ab floor
+#                                               python_fp8ckpt python_decode pdl_ab floor
 #                                               (default: info tests verify bench layer harness
 #                                               sanitize)
 # Each step has its own timeout so that one hang cannot eat the whole budget.
@@ -38,7 +38,8 @@ source scripts/steps.sh
 pip_i='python3 -m pip install "$@" || python3 -m pip install --break-system-packages "$@"'
 DG_NTAIL_SHAPES="2624,6144;2112,7168"
 bg=()
-if want python || want python_tests || want python_bench || want python_overhead || want python_fp8ckpt; then
+if want python || want python_tests || want python_bench || want python_overhead || want python_fp8ckpt ||
+  want python_decode; then
   [ -d .whl ] && bash -c "$pip_i" _ --quiet --no-index --find-links .whl scikit-build-core pathspec packaging >/dev/null 2>&1
   run python_install 420 env CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" PATH="/usr/local/cuda/bin:$PATH" \
     bash -c "$pip_i" _ --no-build-isolation --no-deps -C build-dir=build-h200-python . >/dev/null &
@@ -316,7 +317,8 @@ want profile && command -v ncu >/dev/null && [ -x "$BIN/sm90_fp8_gemm_harness" ]
 # pathspec and packaging travel as wheels in .whl/), its pytest suite with the GPU tests
 # (python_tests), and python -m fp8proj.bench (python_bench: per-call overhead; the transformers
 # model, flag off vs on; PY_BENCH_ARGS adds its options, e.g. "--reps 15").
-{ want python || want python_tests || want python_bench || want python_overhead || want python_fp8ckpt; } && \
+{ want python || want python_tests || want python_bench || want python_overhead || want python_fp8ckpt ||
+  want python_decode; } && \
   tail -n 5 "$R/python_install.log"
 { want python || want python_tests; } && run python_tests 300 python3 -m pytest -q -rs python/tests
 { want python || want python_bench; } && run python_bench 420 python3 -m fp8proj.bench --out "$R/python_bench" ${PY_BENCH_ARGS:-}
@@ -341,6 +343,11 @@ want python_fp8ckpt && {
     python3 -m fp8proj.bench --out "$R/python_fp8ckpt" --parts fp8ckpt --ckpt-dir "$PWD/build-fp8ckpt" \
     --dg-prewarm 12 ${PY_FP8CKPT_ARGS:-}
 }
+# python_decode: the transformers decode step (StaticCache, context 1024, C = 16 and 64) as CUDA
+# graphs, bf16 against patch(policy="all", targets=ALL_TARGETS), the attention's share from graphs
+# with self_attn stubbed out (python/fp8proj/bench_decode.py). PY_DECODE_ARGS adds options.
+want python_decode && run python_decode 540 python3 -m fp8proj.bench --out "$R/python_decode" --parts decode \
+  --models glm5,deepseek-v3 --decode 16,64 ${PY_DECODE_ARGS:-}
 # deepgemm_ntail: DeepGEMM against our FP8 GEMM and cuBLAS bf16 at fused_qkv_a's shapes (N % 128
 # != 0 for us; DeepGEMM takes N % 64 == 0), M from 1 to 32768, same run, same operands.
 want deepgemm_ntail && [ -f build-pack/deepgemm-src.txz ] && \

@@ -20,8 +20,13 @@
     interface where deep_gemm imports: per projection, whole-model prefill and decode step,
     weight memory (fp8proj/bench_fp8ckpt.py says how).
 
-Writes overhead.csv, model.csv, fp8ckpt_proj.csv, fp8ckpt_model.csv, results.json and results.md
-to --out.
+(d) decode: the transformers decode step (StaticCache, context 1024, C sequences) captured as a
+    CUDA graph, bf16 against patch(policy="all", targets=ALL_TARGETS) on the same model and cache;
+    the attention's share from graphs with every self_attn stubbed out (fp8proj/bench_decode.py
+    says how).
+
+Writes overhead.csv, model.csv, fp8ckpt_proj.csv, fp8ckpt_model.csv, decode.csv, results.json and
+results.md to --out.
 """
 from __future__ import annotations
 
@@ -280,12 +285,14 @@ def model_bench(names, chunks, reps: int, warmup: int, layers: int,
     return rows
 
 
-def _write(out: Path, overhead_rows, model_rows, meta, fp8ckpt=None) -> None:
+def _write(out: Path, overhead_rows, model_rows, meta, fp8ckpt=None, decode=None) -> None:
     import csv
     out.mkdir(parents=True, exist_ok=True)
     fp8ckpt = fp8ckpt or {"projections": [], "model": [], "memory": []}
+    decode = decode or []
     for fname, rows in (("overhead.csv", overhead_rows), ("model.csv", model_rows),
-                        ("fp8ckpt_proj.csv", fp8ckpt["projections"]), ("fp8ckpt_model.csv", fp8ckpt["model"])):
+                        ("fp8ckpt_proj.csv", fp8ckpt["projections"]), ("fp8ckpt_model.csv", fp8ckpt["model"]),
+                        ("decode.csv", decode)):
         if rows:
             fields = list(dict.fromkeys(k for r in rows for k in r))
             with open(out / fname, "w", newline="") as f:
@@ -293,7 +300,7 @@ def _write(out: Path, overhead_rows, model_rows, meta, fp8ckpt=None) -> None:
                 w.writeheader()
                 w.writerows(rows)
     (out / "results.json").write_text(json.dumps(dict(meta=meta, overhead=overhead_rows, model=model_rows,
-                                                      fp8ckpt=fp8ckpt), indent=1, default=str))
+                                                      fp8ckpt=fp8ckpt, decode=decode), indent=1, default=str))
     md = [f"# fp8proj Python package on {meta['gpu']}", "", f"Command: `{meta['command']}`", "",
           f"torch {meta['torch']}, transformers {meta['transformers']}, library {meta['library']}, "
           f"host CPU {meta.get('cpu', 'unknown')}", ""]
@@ -315,6 +322,9 @@ def _write(out: Path, overhead_rows, model_rows, meta, fp8ckpt=None) -> None:
     if fp8ckpt["projections"] or fp8ckpt["model"]:
         from .bench_fp8ckpt import summarize
         md += [""] + summarize(fp8ckpt["projections"], fp8ckpt["model"], fp8ckpt["memory"])
+    if decode:
+        from .bench_decode import summarize as summarize_decode
+        md += [""] + summarize_decode(decode)
     (out / "results.md").write_text("\n".join(md) + "\n")
 
 
@@ -329,11 +339,16 @@ def _cpu_name() -> str:
     return platform.processor() or "unknown"
 
 
-def main(argv=None) -> int:
+PARTS = ("overhead", "model", "fp8ckpt", "decode")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The arguments, checked before anything runs: parts, models, and the batch lists as ints."""
     ap = argparse.ArgumentParser(prog="python -m fp8proj.bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="directory for overhead.csv, model.csv, results.json, results.md")
     ap.add_argument("--parts", default="overhead,model",
-                    help="overhead, model, fp8ckpt (comma-separated; fp8ckpt: FP8 checkpoints, bench_fp8ckpt.py)")
+                    help="overhead, model, fp8ckpt, decode (comma-separated; fp8ckpt: FP8 checkpoints, "
+                         "bench_fp8ckpt.py; decode: the decode step under CUDA graphs, bench_decode.py)")
     ap.add_argument("--models", default="glm5,deepseek-v3")
     ap.add_argument("--chunks", default="4,16,64", help="prefill batches of 1024 tokens")
     ap.add_argument("--layers", type=int, default=2)
@@ -349,19 +364,42 @@ def main(argv=None) -> int:
     # sleep kernel holds the GPU, or the host would wait for the device after all.
     ap.add_argument("--calls", type=int, default=200, help="calls per timed batch at M=1 (M=4096: a tenth)")
     ap.add_argument("--batches", type=int, default=25)
-    ap.add_argument("--decode", default="16,64", help="fp8ckpt: decode batches (sequences at context 1024)")
+    ap.add_argument("--decode", default="16,64", help="fp8ckpt, decode: decode batches (sequences at context 1024)")
+    ap.add_argument("--decode-reps", type=int, default=200,
+                    help="decode: timed rounds of the four graphs (a round takes a few ms)")
     ap.add_argument("--dg-prewarm", type=int, default=0,
                     help="fp8ckpt: compile DeepGEMM's kernels for every problem in this many processes first")
     ap.add_argument("--ckpt-dir", default="",
                     help="fp8ckpt: where the FP8 checkpoints are written (reused when present); default OUT/ckpt")
     a = ap.parse_args(argv)
+    parts = a.parts.split(",")
+    if set(parts) - set(PARTS):
+        ap.error(f"--parts: unknown {sorted(set(parts) - set(PARTS))}; known: {','.join(PARTS)}")
+    if set(a.models.split(",")) - set(MODELS):
+        ap.error(f"--models: unknown {sorted(set(a.models.split(',')) - set(MODELS))}; known: {','.join(MODELS)}")
+    for opt in ("chunks", "decode"):
+        try:
+            vals = [int(c) for c in getattr(a, opt).split(",") if c]
+        except ValueError:
+            ap.error(f"--{opt}: comma-separated positive integers, got {getattr(a, opt)!r}")
+        if any(x <= 0 for x in vals):
+            ap.error(f"--{opt}: comma-separated positive integers, got {getattr(a, opt)!r}")
+        setattr(a, opt + "_list", vals)
+    if "decode" in parts and not a.decode_list:
+        ap.error("--parts decode needs --decode batches (e.g. 16,64)")
+    a.part_set = set(parts)
+    return a
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
     import fp8proj
     ok, why = fp8proj.cuda_status()
     if not ok:
         print(f"fp8proj.bench needs a Hopper GPU and the CUDA build of libfp8proj_c: {why}", file=sys.stderr)
         return 2
     import transformers
-    parts = set(a.parts.split(","))
+    parts = a.part_set
     meta = dict(command="python -m fp8proj.bench " + " ".join(argv if argv is not None else sys.argv[1:]),
                 gpu=torch.cuda.get_device_name(), torch=torch.__version__, transformers=transformers.__version__,
                 library=fp8proj.library_version(), python=platform.python_version(), cpu=_cpu_name(),
@@ -370,7 +408,7 @@ def main(argv=None) -> int:
     _write(Path(a.out), ov, [], meta)
     from fp8proj.integrations.transformers import ALL_TARGETS
     targets = ALL_TARGETS if a.targets == "all" else tuple(a.targets.split(","))
-    md = model_bench(a.models.split(","), [int(c) for c in a.chunks.split(",")], a.reps, a.warmup,
+    md = model_bench(a.models.split(","), a.chunks_list, a.reps, a.warmup,
                      a.layers, targets, a.max_tokens) if "model" in parts else []
     _write(Path(a.out), ov, md, meta)
     ck = None
@@ -380,14 +418,22 @@ def main(argv=None) -> int:
         ckpt_root = Path(a.ckpt_dir) if a.ckpt_dir else Path(a.out) / "ckpt"
         for name in a.models.split(","):
             p, m, mem = fp8ckpt_bench(name, model_config(name, layers=a.layers), ckpt_root / f"{name}-{a.layers}l",
-                                      [int(c) for c in a.chunks.split(",")], [int(c) for c in a.decode.split(",") if c],
+                                      a.chunks_list, a.decode_list,
                                       a.reps, a.warmup, log=lambda s: print(s, flush=True),
                                       dg_prewarm=a.dg_prewarm)
             ck["projections"] += p
             ck["model"] += m
             ck["memory"].append(mem)
             _write(Path(a.out), ov, md, meta, ck)  # after each model: a cut-off run keeps what it measured
-    _write(Path(a.out), ov, md, meta, ck)
+    dec = []
+    if "decode" in parts:
+        from .bench_decode import bench_model as decode_bench
+        for name in a.models.split(","):
+            # At least 10 warm-up rounds: a round is a few ms, and the clocks settle over tens of ms.
+            dec += decode_bench(name, model_config(name, layers=a.layers), a.decode_list, a.decode_reps,
+                                max(a.warmup, 10), log=lambda s: print(s, flush=True))
+            _write(Path(a.out), ov, md, meta, ck, dec)  # after each model, as above
+    _write(Path(a.out), ov, md, meta, ck, dec)
     print(f"wrote {a.out}/results.md")
     return 0
 

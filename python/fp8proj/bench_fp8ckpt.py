@@ -253,10 +253,11 @@ class Flush:
         self.buf.fill_(1)
 
 
-def time_rounds(fns, reps: int, warmup: int, flush=None, delay_us: float = 0.0):
+def time_rounds(fns, reps: int, warmup: int, flush=None, delay_us: float = 0.0, samples: bool = False):
     """Median device ms of each fn, interleaved call by call (A B C A B C ...): clock and power drift
     hit every variant alike. delay_us of GPU sleep before each round lets the host queue the round
-    ahead, so host overhead is not what is timed."""
+    ahead, so host overhead is not what is timed. samples=True: each fn's ms per timed round
+    instead of the median (rounds aligned across fns, for paired differences)."""
     per = [[] for _ in fns]
     for r in range(warmup + reps):
         if delay_us:
@@ -274,7 +275,7 @@ def time_rounds(fns, reps: int, warmup: int, flush=None, delay_us: float = 0.0):
         if r >= warmup:
             for i, (a, b) in enumerate(evs):
                 per[i].append(a.elapsed_time(b))
-    return [statistics.median(p) for p in per]
+    return per if samples else [statistics.median(p) for p in per]
 
 
 def _rel(a, b):
@@ -485,6 +486,31 @@ def _rewind(cache, length: int) -> None:
             layer.cumulative_length = length
 
 
+def capture_graph(step):
+    """(run, "") where `step` captures as a CUDA graph (warmed up three times on a side stream
+    first, as torch.cuda.graphs asks): run() replays it and returns the step's output tensor, which
+    the graph rewrites in place. Where capture fails: (step, why), run eagerly."""
+    try:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3):
+                step()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = step()
+    except Exception as e:  # noqa: BLE001 - eager then, and the reason goes into the row
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        return step, f"{type(e).__name__}: {str(e)[:200]}"
+
+    def run(g=g, out=out):
+        g.replay()
+        return out
+    return run, ""
+
+
 def decode_step(name, cfg, bf16, fp8, variants, use, c, reps, warmup, log):
     """One decode step for c sequences at context 1024 (static cache, filled by a prefill), per
     variant, replayed as a CUDA graph where capture works (else eager); interleaved."""
@@ -513,25 +539,8 @@ def decode_step(name, cfg, bf16, fp8, variants, use, c, reps, warmup, log):
             _rewind(cache, L)
             return model(input_ids=tok, past_key_values=cache, cache_position=pos, use_cache=True).logits
 
-        graph, why = None, ""
-        try:
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(s):
-                for _ in range(3):
-                    step()
-            torch.cuda.current_stream().wait_stream(s)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                out = step()
-            graph = (g, out)
-        except Exception as e:  # noqa: BLE001 - eager then, and the reason goes into the row
-            why = f"{type(e).__name__}: {str(e)[:200]}"
-            torch.cuda.synchronize()
-        if graph:
-            steps.append(lambda g=graph[0]: g.replay())
-        else:
-            steps.append(step)
+        run, why = capture_graph(step)
+        steps.append(run)
         notes[label] = why
     t = time_rounds(steps, reps, warmup, delay_us=500)
     labels = [label for label, _ in variants]

@@ -500,6 +500,11 @@ def capture_graph(step):
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
             out = step()
+        if not (isinstance(out, torch.Tensor) and out.is_cuda):
+            # Work on CPU tensors runs while capturing and leaves an empty graph: replaying it
+            # would time nothing.
+            raise RuntimeError(f"the step's output is on {getattr(out, 'device', type(out).__name__)}: "
+                               "a CUDA graph records only CUDA work")
     except Exception as e:  # noqa: BLE001 - eager then, and the reason goes into the row
         if torch.cuda.is_available():
             torch.cuda.synchronize()

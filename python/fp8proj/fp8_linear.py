@@ -391,6 +391,7 @@ class Fp8CheckpointLinear(nn.Module):
         stream = torch.cuda.current_stream(x.device).cuda_stream if x.is_cuda else None
         capture = _capturing_graph() if x.is_cuda else None
         if capture is False:
+            g.clear()  # an entry kept outside this capture can never be used in it: free it now
             return None
         key = ("float", "kernel" if kernel else "torch", stream, capture, self.in_features)
         q = g.take(self.name, x, key)

@@ -104,6 +104,44 @@ struct SwapABTraits {
   static_assert(BLOCK_W == 128 || BLOCK_W == 64, "weight tile: 2 x 64 rows, or 64 rows with K split between the WGs");
 };
 
+// The split-K hand-over of one unit by the kThreads consumer threads that hold its sums (acc,
+// kAcc each), synchronised on named barrier kBarrier: each thread writes its sums into the unit's
+// partial (float4 j of thread t at [j][t]: coalesced), one thread bumps the tile's counter. The CTA
+// that brings it to split_k resets it to 0 for the next launch, sums the split_k partials into acc
+// in split order 0..split_k-1 (whichever CTA finished last: deterministic) and returns true; the
+// others return false (their result is in the workspace).
+template <int kAcc, uint32_t kThreads, uint32_t kBarrier>
+__device__ __forceinline__ bool split_k_handover(float (&acc)[kAcc], float* __restrict__ partials,
+                                                 uint32_t* __restrict__ tile_counters, uint32_t tile, uint32_t split,
+                                                 uint32_t split_k, uint32_t t, volatile uint32_t* last_flag) {
+  constexpr uint32_t kPartialFloats = kThreads * kAcc;
+  float4* mine = reinterpret_cast<float4*>(partials + (static_cast<size_t>(tile) * split_k + split) * kPartialFloats);
+#pragma unroll
+  for (int j = 0; j < kAcc / 4; ++j)
+    __stcg(mine + j * kThreads + t, make_float4(acc[4 * j + 0], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]));
+  __threadfence();  // each thread's partial is visible GPU-wide before the count
+  ptx::named_barrier_sync(kBarrier, kThreads);
+  if (t == 0) *last_flag = atomicAdd(tile_counters + tile, 1u) == split_k - 1 ? 1u : 0u;
+  ptx::named_barrier_sync(kBarrier, kThreads);
+  if (*last_flag == 0) return false;  // uniform across the kThreads threads
+  __threadfence();
+  if (t == 0) tile_counters[tile] = 0;  // all split_k arrivals counted: ready for the next launch
+  const float4* all = reinterpret_cast<const float4*>(partials + static_cast<size_t>(tile) * split_k * kPartialFloats);
+#pragma unroll
+  for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
+  for (uint32_t s = 0; s < split_k; ++s) {  // fixed order: deterministic
+#pragma unroll
+    for (int j = 0; j < kAcc / 4; ++j) {
+      const float4 v = __ldcg(all + (static_cast<size_t>(s) * kPartialFloats) / 4 + j * kThreads + t);
+      acc[4 * j + 0] += v.x;
+      acc[4 * j + 1] += v.y;
+      acc[4 * j + 2] += v.z;
+      acc[4 * j + 3] += v.w;
+    }
+  }
+  return true;
+}
+
 template <class T, bool kWatchdog>
 __global__ void __launch_bounds__(T::kThreads, 1)
     sm90_fp8_gemm_swapab_kernel(const __grid_constant__ CUtensorMap tmap_a,
@@ -119,6 +157,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   constexpr int BLOCK_W = T::BLOCK_W;
   constexpr int kStages = T::kStages;
   constexpr int kAcc = T::kAcc;
+  static_assert((T::kAltK ? 128 : T::kMathThreads) * kAcc == BLOCK_W * BLOCK_TOK,
+                "a split-K partial (the hand-over's threads x kAcc) is the workspace's BLOCK_W x BLOCK_TOK floats");
 
   extern __shared__ __align__(1024) uint8_t smem[];
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + T::kOffBar);
@@ -258,37 +298,12 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 #pragma unroll
         for (int i = 0; i < kAcc; ++i) acc[i] += red[i * 128 + t];
 
-        // ---- split-K: warpgroup 0 publishes the CTA's sum; only the last split goes on ----
-        // As for the 128-row tiles below, with warpgroup 0's 128 threads (named barrier 4): a
-        // partial is TOK x 64 floats, float4 j of thread t at [j][t].
-        if (split_k > 1) {
-          const uint32_t tile = n_tile * sched.m_tiles + m_tile;
-          constexpr uint32_t kPartialFloats = BLOCK_W * BLOCK_TOK;  // = 128 * kAcc
-          float4* mine = reinterpret_cast<float4*>(partials + (static_cast<size_t>(tile) * split_k + split) * kPartialFloats);
-#pragma unroll
-          for (int j = 0; j < kAcc / 4; ++j)
-            __stcg(mine + j * 128 + t, make_float4(acc[4 * j + 0], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]));
-          __threadfence();  // each thread's partial is visible GPU-wide before the count
-          ptx::named_barrier_sync(4, 128);
-          if (t == 0) *last_flag = atomicAdd(tile_counters + tile, 1u) == split_k - 1 ? 1u : 0u;
-          ptx::named_barrier_sync(4, 128);
-          if (*last_flag == 0) continue;  // uniform across warpgroup 0
-          __threadfence();
-          if (t == 0) tile_counters[tile] = 0;  // all S arrivals counted: ready for the next launch
-          const float4* all = reinterpret_cast<const float4*>(partials + static_cast<size_t>(tile) * split_k * kPartialFloats);
-#pragma unroll
-          for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
-          for (uint32_t sp = 0; sp < split_k; ++sp) {  // fixed order: deterministic
-#pragma unroll
-            for (int j = 0; j < kAcc / 4; ++j) {
-              const float4 v = __ldcg(all + (static_cast<size_t>(sp) * kPartialFloats) / 4 + j * 128 + t);
-              acc[4 * j + 0] += v.x;
-              acc[4 * j + 1] += v.y;
-              acc[4 * j + 2] += v.z;
-              acc[4 * j + 3] += v.w;
-            }
-          }
-        }
+        // ---- split-K: warpgroup 0 publishes the CTA's sum (named barrier 4, its 128 threads);
+        // only the last split of the tile goes on ----
+        if (split_k > 1 &&
+            !split_k_handover<kAcc, 128, 4>(acc, partials, tile_counters, n_tile * sched.m_tiles + m_tile, split,
+                                            split_k, t, last_flag))
+          continue;  // not the last split of this tile
 
         // ---- epilogue: bf16 straight from the registers (a tile is at most TOK x 64 x 2 B) ----
         // Thread's values: weight rows (D columns) 16 warp + lane / 4 (+ 8 for j >= 2), tokens (D
@@ -308,35 +323,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       }
 
       // ---- split-K: publish the partial; only the last split of the tile goes on ----
-      if (split_k > 1) {
-        const uint32_t tile = n_tile * sched.m_tiles + m_tile;
-        constexpr uint32_t kPartialFloats = BLOCK_W * BLOCK_TOK;  // = kMathThreads * kAcc
-        float4* mine = reinterpret_cast<float4*>(partials + (static_cast<size_t>(tile) * split_k + split) * kPartialFloats);
-#pragma unroll
-        for (int j = 0; j < kAcc / 4; ++j)
-          __stcg(mine + j * T::kMathThreads + tid,
-                 make_float4(acc[4 * j + 0], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]));
-        __threadfence();  // each thread's partial is visible GPU-wide before the count
-        ptx::named_barrier_sync(1, T::kMathThreads);
-        if (tid == 0) *last_flag = atomicAdd(tile_counters + tile, 1u) == split_k - 1 ? 1u : 0u;
-        ptx::named_barrier_sync(1, T::kMathThreads);
-        if (*last_flag == 0) continue;  // uniform across the consumer threads
-        __threadfence();
-        if (tid == 0) tile_counters[tile] = 0;  // all S arrivals counted: ready for the next launch
-        const float4* all = reinterpret_cast<const float4*>(partials + static_cast<size_t>(tile) * split_k * kPartialFloats);
-#pragma unroll
-        for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
-        for (uint32_t s = 0; s < split_k; ++s) {  // fixed order: deterministic
-#pragma unroll
-          for (int j = 0; j < kAcc / 4; ++j) {
-            const float4 v = __ldcg(all + (static_cast<size_t>(s) * kPartialFloats) / 4 + j * T::kMathThreads + tid);
-            acc[4 * j + 0] += v.x;
-            acc[4 * j + 1] += v.y;
-            acc[4 * j + 2] += v.z;
-            acc[4 * j + 3] += v.w;
-          }
-        }
-      }
+      if (split_k > 1 && !split_k_handover<kAcc, T::kMathThreads, 1>(acc, partials, tile_counters,
+                                                                  n_tile * sched.m_tiles + m_tile, split,
+                                                                  split_k, tid, last_flag))
+        continue;  // not the last split of this tile
 
       // ---- epilogue: D^T fragments -> stmatrix.trans -> [TOK x 128] bf16 tile -> TMA store ----
       if (tid == 0) ptx::bulk_wait_group_read<0>();

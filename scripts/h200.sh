@@ -40,9 +40,17 @@ DG_NTAIL_SHAPES="2624,6144;2112,7168"
 bg=()
 if want python || want python_tests || want python_bench || want python_overhead || want python_fp8ckpt ||
   want python_decode; then
-  [ -d .whl ] && bash -c "$pip_i" _ --quiet --no-index --find-links .whl scikit-build-core pathspec packaging >/dev/null 2>&1
-  run python_install 420 env CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" PATH="/usr/local/cuda/bin:$PATH" \
-    bash -c "$pip_i" _ --no-build-isolation --no-deps -C build-dir=build-h200-python . >/dev/null &
+  # A carried wheel of this tree (pip wheel . -w .whl on another machine: the package is
+  # py3-none, its torch ops target the stable ABI of torch 2.10 and later) is installed as it is;
+  # otherwise the package is built here.
+  wheel=$(ls .whl/fp8proj-*.whl 2>/dev/null | head -1)
+  if [ -n "$wheel" ]; then
+    run python_install 120 bash -c "$pip_i" _ --no-deps --no-index --force-reinstall "$wheel" >/dev/null &
+  else
+    [ -d .whl ] && bash -c "$pip_i" _ --quiet --no-index --find-links .whl scikit-build-core pathspec packaging >/dev/null 2>&1
+    run python_install 420 env CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" PATH="/usr/local/cuda/bin:$PATH" \
+      bash -c "$pip_i" _ --no-build-isolation --no-deps -C build-dir=build-h200-python . >/dev/null &
+  fi
   bg+=($!)
 fi
 if want deepgemm_ntail && [ -f build-pack/deepgemm-src.txz ]; then

@@ -356,8 +356,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="the attention's projections to patch, comma-separated, or 'all' (every dense "
                          "projection: q_a_proj,q_b_proj,kv_a_proj_with_mqa,kv_b_proj,o_proj)")
     ap.add_argument("--max-tokens", type=int, default=0,
-                    help="the patched modules' workspace rows (larger prefills run in chunks); "
-                         "default: the largest prefill of --chunks")
+                    help="the patched modules' workspace rows (a call with more rows runs in chunks); "
+                         "default: model, the largest prefill of --chunks; decode, patch()'s default")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
     # At most ~200 calls (<= 600 launches) per batch: the launch queue must not fill while the
@@ -431,7 +431,8 @@ def main(argv=None) -> int:
         for name in a.models.split(","):
             # At least 10 warm-up rounds: a round is a few ms, and the clocks settle over tens of ms.
             dec += decode_bench(name, model_config(name, layers=a.layers), a.decode_list, a.decode_reps,
-                                max(a.warmup, 10), log=lambda s: print(s, flush=True))
+                                max(a.warmup, 10), log=lambda s: print(s, flush=True),
+                                max_tokens=a.max_tokens)
             _write(Path(a.out), ov, md, meta, ck, dec)  # after each model, as above
     _write(Path(a.out), ov, md, meta, ck, dec)
     print(f"wrote {a.out}/results.md")

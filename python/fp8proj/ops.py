@@ -18,6 +18,10 @@ the form of FP8 checkpoints and SGLang's / vLLM's activation rule; include/fp8pr
     fp8_gemm(xv, xs, wv, ws) -> y[M, N] bf16
     linear(x[..., K], weight[N, K], handle) -> y[..., N]        the gated projection layer
     rmsnorm_linear(x, norm_weight, eps, weight, handle) -> y    norm + gated projection, fused
+    linear_gapped(x, weight, handle, wv, ws, groups, split, gap) -> y[..., N + groups * gap]
+        linear()'s output with `gap` zero columns after the first `split` of each of `groups`
+        equal column groups; FP8 (where the layer's gate says so for M) through wv, ws: the FP8
+        copy of the weight with those zero rows inserted (kv_expand.py: the MLA key layout)
 """
 from __future__ import annotations
 
@@ -31,7 +35,8 @@ import torch
 
 from . import _handles, _lib
 
-__all__ = ["quantize_activation", "rmsnorm_quantize", "quantize_weight", "fp8_gemm", "linear", "rmsnorm_linear"]
+__all__ = ["quantize_activation", "rmsnorm_quantize", "quantize_weight", "fp8_gemm", "linear", "rmsnorm_linear",
+           "linear_gapped", "gapped_columns"]
 
 _log = logging.getLogger("fp8proj")
 _BF16 = torch.bfloat16
@@ -272,6 +277,53 @@ def _rmsnorm_linear_cuda(x: torch.Tensor, norm_weight: torch.Tensor, eps: float,
     return y
 
 
+def gapped_columns(y: torch.Tensor, groups: int, split: int, gap: int) -> torch.Tensor:
+    """y[..., N] with `gap` zero columns inserted after the first `split` of each of `groups`
+    equal column groups: [..., N + groups * gap] (what linear_gapped returns, from a dense output)."""
+    n = y.shape[-1]
+    per = n // groups
+    out = y.new_empty(y.shape[:-1] + (n + groups * gap,))
+    dst, src = out.view(-1, groups, per + gap), y.reshape(-1, groups, per)
+    dst[..., :split].copy_(src[..., :split])
+    dst[..., split:split + gap].zero_()
+    dst[..., split + gap:].copy_(src[..., split:])
+    return out
+
+
+def _check_gapped(op, weight, wv, ws, groups, split, gap, k):
+    n = weight.shape[0]
+    _check(groups > 0 and n % groups == 0, op, f"groups must divide N={n}, got {groups}")
+    _check(0 <= split <= n // groups and gap >= 0, op,
+           f"split must be in [0, N/groups={n // groups}] and gap >= 0, got split={split}, gap={gap}")
+    n_gapped = n + groups * gap
+    _check_tensor(wv, op, "wv", _E4M3)
+    _check_tensor(ws, op, "ws", _F32)
+    _check(tuple(wv.shape) == (n_gapped, k) and tuple(ws.shape) == (_ceil128(n_gapped), _ceil128(k)), op,
+           f"wv must be [{n_gapped}, {k}] and ws [{_ceil128(n_gapped)}, {_ceil128(k)}] (N + groups x gap rows), "
+           f"got {tuple(wv.shape)} and {tuple(ws.shape)}")
+    return n_gapped
+
+
+def _linear_gapped_cuda(x: torch.Tensor, weight: torch.Tensor, handle: int, wv: torch.Tensor, ws: torch.Tensor,
+                        groups: int, split: int, gap: int):
+    op = "linear_gapped"
+    p = _projection_for(op, weight, handle)
+    _check_tensor(x, op, "x", _BF16)
+    m, k = _rows(x, op)
+    _check(k == p.k, op, f"x has K={k}, projection '{p.name}' has K={p.k}")
+    n_gapped = _check_gapped(op, weight, wv, ws, groups, split, gap, k)
+    _check_cuda(op, x=x, wv=wv, ws=ws)
+    _check(x.get_device() == p.device_index and wv.get_device() == p.device_index and
+           ws.get_device() == p.device_index, op, f"x, wv and ws must be on cuda:{p.device_index}")
+    if m == 0:
+        return x.new_empty(x.shape[:-1] + (n_gapped,))
+    if p.path(m) != "fp8":  # the layer's bf16 path, then the columns moved apart
+        return gapped_columns(_linear_cuda(x, weight, handle), groups, split, gap)
+    # The layer's numerics on the gapped copy: activations in 1x128 groups with UE8M0 scales.
+    xv, xs = _quantize_activation_cuda(x.reshape(m, k), "ue8m0")
+    return _fp8_gemm_cuda(xv, xs, wv, ws).view(x.shape[:-1] + (n_gapped,))
+
+
 # ---- fake implementations (shapes only) ---------------------------------------------------------
 
 def _quantize_activation_fake(x, scale_fmt="ue8m0"):
@@ -302,6 +354,10 @@ def _rmsnorm_linear_fake(x, norm_weight, eps, weight, handle):
     return x.new_empty(x.shape[:-1] + (weight.shape[0],), dtype=_BF16)
 
 
+def _linear_gapped_fake(x, weight, handle, wv, ws, groups, split, gap):
+    return x.new_empty(x.shape[:-1] + (weight.shape[0] + groups * gap,), dtype=_BF16)
+
+
 # ---- registration -------------------------------------------------------------------------------
 
 _SCHEMAS = {
@@ -315,6 +371,8 @@ _SCHEMAS = {
     "linear": ("linear(Tensor x, Tensor weight, int handle) -> Tensor", _linear_cuda, _linear_fake),
     "rmsnorm_linear": ("rmsnorm_linear(Tensor x, Tensor norm_weight, float eps, Tensor weight, int handle) -> Tensor",
                        _rmsnorm_linear_cuda, _rmsnorm_linear_fake),
+    "linear_gapped": ("linear_gapped(Tensor x, Tensor weight, int handle, Tensor wv, Tensor ws, int groups, int split, "
+                      "int gap) -> Tensor", _linear_gapped_cuda, _linear_gapped_fake),
 }
 
 
@@ -395,3 +453,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, handle: int):
 
 def rmsnorm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor, handle: int):
     return torch.ops.fp8proj.rmsnorm_linear(x, norm_weight, eps, weight, handle)
+
+
+def linear_gapped(x: torch.Tensor, weight: torch.Tensor, handle: int, wv: torch.Tensor, ws: torch.Tensor,
+                  groups: int, split: int, gap: int):
+    return torch.ops.fp8proj.linear_gapped(x, weight, handle, wv, ws, groups, split, gap)

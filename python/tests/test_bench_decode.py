@@ -117,6 +117,16 @@ def test_variants_swap_in_full():
         assert all(layer.self_attn is a for layer, a in zip(model.model.layers, attns)) != rest
     v.set("fp8proj")
     assert isinstance(attns[1].o_proj, Fp8ProjLinear)
+    # patch()'s expand_kv replacement shows in the fp8proj states only; the unfused one has the
+    # fp8proj modules with the class's expand_kv.
+    expands = [a.__dict__.get("expand_kv") for a in attns]
+    assert all(e is not None for e in expands) and v.expands == expands
+    for label, has in (("bf16", False), ("fp8proj_unfused", False), ("fp8proj_rest", True), ("bf16_rest", False),
+                       ("fp8proj", True)):
+        v.set(label)
+        assert [a.__dict__.get("expand_kv") for a in attns] == (expands if has else [None, None])
+    v.set("fp8proj_unfused")
+    assert all(getattr(a, attr) is m for a, attr, m in after)
     with pytest.raises(ValueError):
         v.set("fp8")
 
@@ -152,26 +162,35 @@ def test_whole_part_runs_eager_on_cpu(monkeypatch, tmp_path):
     calls = []
 
     def fake_rounds(fns, reps, warmup, flush=None, delay_us=0.0, samples=False):
-        assert samples and len(fns) == 4
+        assert samples and len(fns) == 5  # the four variants, then fp8proj with transformers' expand_kv
         outs = [f() for f in fns]
         calls.append([o.float().clone() for o in outs])
         per = rounds()
-        return [per[k] for k in bench_decode.VARIANTS]
+        return [per[k] for k in bench_decode.VARIANTS] + [[3.0, 4.0, 3.2]]
 
     monkeypatch.setattr(bench_decode, "time_rounds", fake_rounds)
     logs = []
     rows = bench_decode.bench_model("tiny", tiny_deepseek_v3_config(), [2, 3], 3, 0, log=logs.append,
-                                    device="cpu", context=32)
+                                    device="cpu", context=32, max_tokens=32)
     assert [r["seqs"] for r in rows] == [2, 3] and len(calls) == 2
     for outs, r in zip(calls, rows):
-        full_bf16, full_fp8, rest_bf16, rest_fp8 = outs
+        full_bf16, full_fp8, rest_bf16, rest_fp8, unfused = outs
+        assert torch.equal(unfused, full_fp8)  # on the CPU both run the class's expand_kv
+        assert r["unfused_speedup"] == 1.0
         assert full_bf16.shape == (r["seqs"], 1, 256)
         assert torch.allclose(full_bf16, full_fp8, atol=2e-2, rtol=0) and torch.equal(rest_bf16, rest_fp8)
         assert not torch.allclose(full_bf16, rest_bf16, atol=1e-2)
-        assert r["cuda_graph"] is False and set(r["capture_errors"]) == set(bench_decode.VARIANTS)
+        assert r["cuda_graph"] is False
+        assert set(r["capture_errors"]) == set(bench_decode.VARIANTS) | {bench_decode.UNFUSED}
         assert r["attn_speedup"] == 1.25 and r["context"] == 33 and r["layers"] == 2
         assert r["logits_rel_err"] < 1e-2
-        assert set(r["explain"]) == {"q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"}
+        assert set(r["explain"]) == {"q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj", "expand_kv"}
+        # kv_b_proj expands the whole compressed cache (33 + 8 slots per sequence); the rest see M = C.
+        kv_rows = r["seqs"] * (32 + 8)
+        assert r["rows"] == dict(q_a_proj=r["seqs"], q_b_proj=r["seqs"], kv_a_proj_with_mqa=r["seqs"],
+                                 kv_b_proj=kv_rows, o_proj=r["seqs"])
+        assert r["max_tokens"] == 32 and r["chunks"]["kv_b_proj"] == -(-kv_rows // 32)
+        assert r["explain"]["kv_b_proj"].startswith(f"M={kv_rows}:")
         assert all("bf16 via torch" in t for t in r["explain"].values())
     assert any("[decode] tiny C=2 (eager:" in s for s in logs)
 
@@ -183,6 +202,7 @@ def test_whole_part_runs_eager_on_cpu(monkeypatch, tmp_path):
     md = (tmp_path / "results.md").read_text()
     assert "## The decode step from PyTorch" in md and "tiny C=2: attention 1.250x (met)" in md
     assert "Attention = step - stubbed step" in md and "tiny C=3 o_proj: M=3: bf16 via torch" in md
+    assert "tiny C=3 kv_b_proj: M=120: bf16 via torch" in md and "(4 chunks)" in md
 
 
 def test_summary_says_missed_below_the_bar():
@@ -228,4 +248,7 @@ def test_decode_part_captures_on_the_gpu(gpu):
     # at full size with every projection on FP8); NaN never passes.
     assert math.isfinite(row["logits_rel_err"]) and row["logits_rel_err"] < 0.5
     assert row["bf16_ms"] > row["rest_bf16_ms"] > 0 and 0.5 < row["rest_ratio"] < 2.0
-    assert set(row["explain"]) >= {"q_b_proj", "o_proj"} and all(t.startswith("M=4") for t in row["explain"].values())
+    assert set(row["explain"]) >= {"q_b_proj", "o_proj"} and row["max_tokens"] == 8192
+    assert row["rows"]["kv_b_proj"] == 4 * (64 + 8) and row["chunks"]["kv_b_proj"] == 1
+    assert all(t.startswith(f"M={row['rows'].get(a, row['rows']['kv_b_proj'])}:") for a, t in row["explain"].items())
+    assert "unfused_speedup" in row and "kv_b_proj writes the key layout" in row["explain"]["expand_kv"]

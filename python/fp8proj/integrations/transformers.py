@@ -31,6 +31,13 @@ hidden_states)` ... `self.kv_a_proj_with_mqa(hidden_states)`), the two hold one 
 the input is quantized once for both (report.shared; report.unshared says where not and why;
 share_inputs=False turns it off).
 
+Where kv_b_proj is a target (ALL_TARGETS) and the attention expands its cached latent with
+transformers' expand_kv (DeepSeek-V3 and the models built from it: kv_b_proj over the whole
+cache, then a key tensor assembled by copies), kv_b_proj writes the key layout itself and the
+key copy goes (kv_expand.KeyValueExpand; report.expanded, fuse_kv_expand=False turns it off).
+At decode that GEMM is prefill-sized (M = sequences x cache length) and runs in chunks of
+max_tokens rows (DEFAULT_MAX_TOKENS).
+
 Parameters are shared, not copied: the patched model's state_dict has the same keys and the
 same tensors, and unpatch restores the very modules that were there.
 """
@@ -48,6 +55,7 @@ from .. import _lib
 from ..fp8_linear import (Fp8CheckpointLinear, SharedActivation, fp8_linear_class, fp8_linear_skip_reason,
                           is_fp8_checkpoint_module)
 from ..torch import Fp8ProjLinear, Fp8ProjRMSNormLinear, Workspace
+from .kv_expand import KeyValueExpand, expand_kv_skip_reason
 
 __all__ = ["patch", "unpatch", "PatchReport", "find_mla_attention", "DEFAULT_TARGETS", "ALL_TARGETS",
            "ALL_FP8_LINEARS"]
@@ -57,9 +65,14 @@ MLA_ATTRIBUTES = ("q_a_proj", "q_a_layernorm", "q_b_proj", "kv_a_proj_with_mqa",
 # and every dense projection of the attention (q_proj where there is no q LoRA).
 DEFAULT_TARGETS = ("q_b_proj", "o_proj")
 ALL_TARGETS = ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj", "q_proj")
+# The patched modules' workspace rows when patch() is not given max_tokens: a call with more rows runs
+# in chunks of this many. transformers' DeepseekV3 decode step calls kv_b_proj on the whole compressed
+# cache (M = sequences x cache length), so at decode that module sees prefill-sized M.
+DEFAULT_MAX_TOKENS = 8192
 # "fp8_linear": every FP8Linear of the model, inside the attention or not (FP8 checkpoints only).
 ALL_FP8_LINEARS = ALL_TARGETS + ("fp8_linear",)
 _ORIGINALS = "_fp8proj_originals"
+_INSTANCE_ATTRIBUTE = object()  # in the originals list: patch() set this attribute on the instance
 _FUSED_CALL = re.compile(r"self\.q_b_proj\(\s*self\.q_a_layernorm\(\s*self\.q_a_proj\(")
 # The two projections of the attention's input: one quantization of it serves both.
 SHARED_PAIR = ("q_a_proj", "kv_a_proj_with_mqa")
@@ -78,6 +91,8 @@ class PatchReport:
     fp8_extra_bytes: int = 0    # what running them adds: fp32 copies of UE8M0 scales, GEMM plan workspaces
     shared: List[str] = field(default_factory=list)                  # "attn: q_a_proj + kv_a_proj_with_mqa share ..."
     unshared: List[Tuple[str, str]] = field(default_factory=list)    # (attention name, why its pair does not share)
+    expanded: List[str] = field(default_factory=list)  # attentions whose kv_b_proj writes the key layout (kv_expand.py)
+    expand_extra_bytes: int = 0  # their gapped FP8 copies of kv_b_proj's weight
 
     def __str__(self) -> str:
         lines = [f"fp8proj patch: {len(self.patched)} modules patched ({len(self.fused)} with the norm fused, "
@@ -92,6 +107,9 @@ class PatchReport:
                          "plan workspaces)")
         lines += [f"  left on transformers' path {n}: {why}" for n, why in self.left]
         lines += [f"  shared {n}" for n in self.shared]
+        if self.expanded:
+            lines.append(f"  kv_b_proj writes the key layout (expand_kv replaced, no key copy) in {len(self.expanded)} "
+                         f"attention modules; {self.expand_extra_bytes} bytes of gapped FP8 copies")
         lines += [f"  not shared {n}: {why}" for n, why in self.unshared]
         if self.note:
             lines.append(f"  note: {self.note}")
@@ -240,7 +258,8 @@ def _linear_skip_reason(lin: Optional[nn.Module]) -> str:
 
 def patch(model: nn.Module, *, enabled: Optional[bool] = True, policy: str = "prefill",
           targets: Sequence[str] = DEFAULT_TARGETS, fuse_norm: bool = True, share_workspace: bool = True,
-          scales: Optional[str] = None, share_inputs: bool = True, **layer_opts) -> PatchReport:
+          scales: Optional[str] = None, share_inputs: bool = True, fuse_kv_expand: bool = True,
+          **layer_opts) -> PatchReport:
     """Replace `targets` of every MLA attention module of `model` in place (see the module doc).
     scales: the scale format of the FP8 copies made from bf16 weights, "ue8m0" (None: the
     default) or "float" (fp32 amax/448). layer_opts: threshold, decode_ceiling, max_tokens,
@@ -250,7 +269,10 @@ def patch(model: nn.Module, *, enabled: Optional[bool] = True, policy: str = "pr
     share_inputs: where q_a_proj and kv_a_proj_with_mqa are both FP8 checkpoint layers run by
     fp8proj and the attention calls both on one variable, quantize that input once for both
     (fp8_linear.SharedActivation: reused only for the same tensor object, unmodified, on the same
-    stream; bypassed under torch.compile). False: each quantizes its input itself."""
+    stream; bypassed under torch.compile). False: each quantizes its input itself.
+    fuse_kv_expand: where kv_b_proj is a target and the attention expands its cached latent with
+    transformers' expand_kv (checked on a test input), kv_b_proj writes the key layout itself and
+    the key copy goes (kv_expand.KeyValueExpand). False: expand_kv stays the class's."""
     if isinstance(targets, str):
         raise TypeError(f"fp8proj: targets must be a sequence of names (e.g. ALL_TARGETS), got the string {targets!r}")
     unknown = set(targets) - set(ALL_FP8_LINEARS)
@@ -308,7 +330,7 @@ def patch(model: nn.Module, *, enabled: Optional[bool] = True, policy: str = "pr
     if share_workspace and ok:
         dev_w = [getattr(a, t).weight for _, a, t, _, _ in plan]
         if dev_w and all(w.device.type == "cuda" for w in dev_w):
-            max_tokens = int(layer_opts.get("max_tokens") or 8192)
+            max_tokens = int(layer_opts.get("max_tokens") or DEFAULT_MAX_TOKENS)
             for fused in (False, True):
                 ks = [getattr(a, t).in_features for _, a, t, f, _ in plan if f == fused]
                 ks = [k for k in ks if k % 128 == 0]
@@ -337,6 +359,16 @@ def patch(model: nn.Module, *, enabled: Optional[bool] = True, policy: str = "pr
         else:
             fp8_plan[name] = (model.get_submodule(parent_name) if parent_name else model, attr, mod)
 
+    # expand_kv checked now, while kv_b_proj is still the model's nn.Linear.
+    expand = []
+    for aname, attn, t, fused, full in plan:
+        if t == "kv_b_proj" and fuse_kv_expand:
+            why_not = expand_kv_skip_reason(attn)
+            if why_not:
+                report.skipped.append((f"{aname}.expand_kv" if aname else "expand_kv", f"not fused: {why_not}"))
+            else:
+                expand.append((aname, attn))
+
     for aname, attn, t, fused, full in plan:
         lin = getattr(attn, t)
         if fused:
@@ -351,6 +383,14 @@ def patch(model: nn.Module, *, enabled: Optional[bool] = True, policy: str = "pr
         setattr(attn, t, mod)
         report.patched.append(full)
 
+    for aname, attn in expand:
+        kv = KeyValueExpand(attn, name=f"{aname}.expand_kv" if aname else "expand_kv")
+        attn.expand_kv = kv
+        originals.append((attn, "expand_kv", _INSTANCE_ATTRIBUTE))
+        kv.prepare()
+        report.expanded.append(aname)
+        report.expand_extra_bytes += kv.extra_memory_bytes()
+
     for full, (parent, attr, lin) in fp8_plan.items():
         mod = Fp8CheckpointLinear(lin, name=full)
         originals.append((parent, attr, lin))
@@ -361,7 +401,7 @@ def patch(model: nn.Module, *, enabled: Optional[bool] = True, policy: str = "pr
     for full in report.fp8:
         # Each GEMM plan made now, outside any CUDA graph capture (a no-op off the GPU path).
         mod = model.get_submodule(full)
-        mod.prepare(int(layer_opts.get("max_tokens") or 8192))
+        mod.prepare(int(layer_opts.get("max_tokens") or DEFAULT_MAX_TOKENS))
         mem = mod.memory()
         report.fp8_weight_bytes += mem["fp8_weight"] + mem["scales"]
         report.fp8_extra_bytes += mem["extra"]
@@ -380,5 +420,8 @@ def unpatch(model: nn.Module) -> int:
         cur = getattr(attn, attr, None)
         if isinstance(cur, (Fp8ProjLinear, Fp8ProjRMSNormLinear)) and cur.__dict__.get("_proj") is not None:
             cur._proj.close()
-        setattr(attn, attr, orig)
+        if orig is _INSTANCE_ATTRIBUTE:  # a method replaced on the instance: the class's shows again
+            attn.__dict__.pop(attr, None)
+        else:
+            setattr(attn, attr, orig)
     return len(originals)

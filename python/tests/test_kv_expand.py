@@ -55,8 +55,14 @@ def test_the_attention_expand_kv_is_checked():
     odd = DeepseekV3Attention(attn.config, 0).to(torch.bfloat16)
     odd.kv_b_proj = torch.nn.Linear(odd.kv_b_proj.in_features, 8, bias=False).to(torch.bfloat16)
     assert "outputs, not heads" in expand_kv_skip_reason(odd)
-    odd.kv_b_proj = torch.nn.Linear(odd.kv_b_proj.in_features, odd.kv_b_proj.out_features, bias=True)
+    k, n = attn.kv_b_proj.in_features, attn.kv_b_proj.out_features
+    odd.kv_b_proj = torch.nn.Linear(k, n, bias=True)
     assert "bias-free nn.Linear" in expand_kv_skip_reason(odd)
+    odd.kv_b_proj = torch.nn.Linear(k, n, bias=False)
+    assert "not bfloat16" in expand_kv_skip_reason(odd)  # float32
+    with torch.device("meta"):
+        odd.kv_b_proj = torch.nn.Linear(k, n, bias=False, dtype=torch.bfloat16)
+    assert "meta device" in expand_kv_skip_reason(odd)
 
 
 def test_patch_replaces_expand_kv_and_unpatch_restores_it():

@@ -72,6 +72,8 @@ def expand_kv_skip_reason(attn: nn.Module) -> str:
     w = lin.weight
     if w.dtype != torch.bfloat16:
         return f"kv_b_proj's weight is {w.dtype}, not bfloat16"
+    if w.device.type == "meta":
+        return "kv_b_proj's weight is on the meta device (no values to check the layout with)"
     g = torch.Generator(device=w.device).manual_seed(0)
     with torch.no_grad():
         kv = torch.randn(2, 1, 3, lin.in_features, generator=g, device=w.device).to(w.dtype)

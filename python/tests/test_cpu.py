@@ -440,3 +440,27 @@ def test_import_without_the_library(tmp_path):
     env = dict(os.environ, FP8PROJ_PYTHON_LIB=str(tmp_path / "missing" / "libfp8proj_c.so"))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+@pytest.mark.parametrize("cls_name", ["DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM"])
+def test_transformers_patch_dsa_expand_kv(cls_name):
+    """DeepSeek-V3.2 and GLM-5 (DSA) expand their cached latent with expand_kv too: patch() takes it
+    where the layout checks out (kv_expand.py), bitwise, and the model's output is unchanged on
+    the CPU (the class's expand_kv serves there)."""
+    import transformers
+    if not hasattr(transformers, cls_name):
+        pytest.skip(f"transformers {transformers.__version__} has no {cls_name}")
+    from fp8proj.integrations.kv_expand import KeyValueExpand, expand_kv_skip_reason
+    from fp8proj.integrations.transformers import ALL_TARGETS, patch, unpatch
+    model = _tiny_model(cls_name)
+    attn = model.model.layers[0].self_attn
+    assert expand_kv_skip_reason(attn) == ""
+    ids = torch.randint(0, 256, (2, 9))
+    with torch.no_grad():
+        want = model(ids).logits
+    report = patch(model, enabled=True, targets=ALL_TARGETS)
+    assert "model.layers.0.self_attn" in report.expanded and isinstance(attn.__dict__["expand_kv"], KeyValueExpand)
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, want)
+    unpatch(model)
+    assert "expand_kv" not in attn.__dict__

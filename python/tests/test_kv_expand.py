@@ -195,6 +195,23 @@ def test_fp8_route_in_a_cuda_graph_and_under_compile(gpu):
     assert torch.equal(ck, want_k) and torch.equal(cv, want_v)
 
 
+def test_weight_changed_in_place_is_seen(gpu):
+    """A weight changed in place after patch() (its version counter moved): the next call rebuilds
+    kv_b_proj's layer and the gapped copy, as kv_b_proj's own call would; doubling the weight
+    doubles the nope and value columns exactly (UE8M0 block scales double, codes stay)."""
+    model, attn, lin = patched_attention(gpu)
+    kv, k_rot = latent(attn, 2, 600, gpu)
+    with torch.no_grad():
+        key, value = (t.clone() for t in attn.expand_kv(kv, k_rot))
+        handle = attn.kv_b_proj.handle
+        attn.kv_b_proj.weight.mul_(2)
+        key2, value2 = attn.expand_kv(kv, k_rot)
+    assert attn.kv_b_proj.handle != handle
+    nope = attn.qk_nope_head_dim
+    assert torch.equal(key2[..., :nope], 2 * key[..., :nope]) and torch.equal(value2, 2 * value)
+    assert torch.equal(key2[..., nope:], key[..., nope:])
+
+
 def test_linear_gapped_names_bad_input(gpu):
     model, attn, lin = patched_attention(gpu)
     e, kv_b = attn.expand_kv, attn.kv_b_proj

@@ -119,6 +119,13 @@ class KeyValueExpand:
         kv_b = self.kv_b
         if not isinstance(kv_b, Fp8ProjLinear) or kv_b.handle is None or not kv_b._fp8:
             return False
+        if not torch.compiler.is_compiling() and kv_b._stale():
+            # The weight was replaced or changed in place since kv_b_proj's layer was made: the
+            # layer is rebuilt (as kv_b_proj's own call would), so its handle moves and the
+            # gapped copy is made again below.
+            kv_b._check_weight_in_place()
+            if kv_b.handle is None or not kv_b._fp8:
+                return False
         if self._built_for != kv_b.handle:
             if torch.cuda.is_current_stream_capturing():
                 raise RuntimeError(f"fp8proj: {self.name}: kv_b_proj's layer was rebuilt; run a call outside the "

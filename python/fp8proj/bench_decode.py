@@ -27,8 +27,8 @@ step), how many chunks that makes, and explain() at that M.
 
 The attention's time, under graphs: each variant is captured twice, as it is and with every
 decoder layer's self_attn replaced by NoAttention (zeros shaped like its input and no weights, the
-(attn_output, attn_weights) pair the decoder layer unpacks; no cache write). The four graphs are
-replayed interleaved round by round; attention = whole step - stubbed step, the median over rounds
+(attn_output, attn_weights) pair the decoder layer unpacks; no cache write). The four graphs (and
+fp8proj_unfused where patch() replaced expand_kv) are replayed interleaved round by round; attention = whole step - stubbed step, the median over rounds
 of the paired differences. The two stubbed graphs run the same work (the patched modules all sit
 inside self_attn): the ratio of their medians is the method's noise and is reported. What the
 attention's time includes: everything self_attn does (its projections, RoPE, the cache update,
@@ -120,7 +120,8 @@ class Variants:
 
 
 def summarize_rounds(samples: dict) -> dict:
-    """The row's timings (ms) from {variant: [ms per round]} of the four graphs, rounds aligned:
+    """The row's timings (ms) from {variant: [ms per round]} of the four graphs (and UNFUSED's
+    step where it ran), rounds aligned:
     step medians, attention = median over rounds of (step - stubbed step) per variant."""
     n = {len(v) for v in samples.values()}
     if not set(VARIANTS) <= set(samples) <= set(VARIANTS) | {UNFUSED} or len(n) != 1 or not n.pop():

@@ -19,6 +19,7 @@
 #   COMPARE_ARGS="--reps 45"            (passed on to compare_deepgemm.py)
 #   DG_SHAPES="2624,6144;2112,7168"     (shapes instead of the reference table, for the JIT
 #                                        prewarm and the comparison alike)
+#   DG_M="1,4,16,32,64"                 (M values instead of the reference list, likewise)
 #   PREPARE_ONLY=1                      (build DeepGEMM and JIT-compile its kernels, then stop:
 #                                        CPU work that can overlap other builds)
 #   NCU_PROBLEM=N,K,M                   (also: Nsight Compute of both kernels at that problem,
@@ -71,6 +72,7 @@ start=$SECONDS
 shards=${SHARDS:-12}
 mkdir -p "$OUT/prewarm"
 shape_args=(); [[ -n ${DG_SHAPES:-} ]] && shape_args=(--shapes "$DG_SHAPES")
+[[ -n ${DG_M:-} ]] && shape_args+=(--m "$DG_M")
 for i in $(seq 0 $((shards - 1))); do
   python3 scripts/compare_deepgemm.py --prewarm "$i/$shards" "${shape_args[@]}" >"$OUT/prewarm/$i.log" 2>&1 &
 done

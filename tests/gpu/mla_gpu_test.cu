@@ -182,11 +182,15 @@ TEST_F(MlaKernelsGpu, StridedRmsNormBitExact) {
 
 TEST_F(MlaKernelsGpu, AbsorbedProjectionsMatchHost) {
   // Both absorbed shapes of GLM-5 (q_nope . W_UK: k 192 -> n 512; out . W_UV^T: k 512 -> n 256)
-  // and odd row counts (one, a partial 16-row tile, more than one 64-row pass).
+  // and DeepSeek-V3's (k 128 -> n 512, k 512 -> n 128); odd row counts (one, a partial 16-row
+  // tile, exactly one 64-row block, three blocks with a partial last one); n with a lone 8-column
+  // tile (136, 8); k where the shared-memory rows need the 64-byte pad (64, 128, 512) and where
+  // they do not (96), k = 32 (the first cp.async group is empty) and the largest k (864).
   struct Case {
     int rows, heads, n, k;
   };
-  for (const Case cs : {Case{1, 3, 512, 192}, Case{17, 2, 256, 512}, Case{100, 3, 136, 64}}) {
+  for (const Case cs : {Case{1, 3, 512, 192}, Case{17, 2, 256, 512}, Case{100, 3, 136, 64}, Case{64, 2, 512, 128},
+                        Case{130, 2, 128, 512}, Case{16, 1, 8, 96}, Case{5, 2, 72, 32}, Case{33, 1, 64, 864}}) {
     const int64_t x_head = cs.k + 64, x_row = int64_t{cs.heads} * x_head;  // strided input, as q's nope part
     const auto x = normal_bf16(cs.rows * x_row, 11, 1.0f), w = normal_bf16(int64_t{cs.heads} * cs.n * cs.k, 12, 0.05f);
     std::vector<bf16> ref(int64_t{cs.rows} * cs.heads * cs.n);
@@ -214,6 +218,21 @@ TEST_F(MlaKernelsGpu, AbsorbedProjectionsMatchHost) {
     // fp32 accumulation in another order, then one bf16 rounding: <= 1 ulp apart, ~1e-3 RMS.
     EXPECT_LT(rel_error(got, ref), 2e-3) << "rows " << cs.rows << " n " << cs.n << " k " << cs.k;
   }
+  // k past what one CTA's shared memory holds: a clear error before anything is launched.
+  const Buffer bx = poisoned(4096), bw = poisoned(8 * 896 * 2), by = poisoned(64);
+  mla::HeadGemmArgs big;
+  big.x = bx.data<bf16>();
+  big.x_row_stride = 896;
+  big.x_head_stride = 0;
+  big.w = bw.data<bf16>();
+  big.y = by.data<bf16>();
+  big.y_row_stride = 8;
+  big.y_head_stride = 8;
+  big.rows = 1;
+  big.heads = 1;
+  big.n = 8;
+  big.k = 896;
+  EXPECT_THROW(mla::mla_ops(MemorySpace::device).head_gemm(big, nullptr), Error);
 }
 
 TEST_F(MlaKernelsGpu, RopeAndCacheMatchHost) {

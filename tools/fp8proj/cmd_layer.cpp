@@ -82,6 +82,9 @@ struct DecodeRow {
   // read bandwidth (0 on the CPU reference).
   size_t weight_bytes_off = 0, weight_bytes_on = 0, cache_bytes = 0;
   double floor_off_us = 0, floor_on_us = 0, weight_floor_on_us = 0;
+  // Where the step's time goes: the same step eager, an event at every stage boundary (the sum
+  // includes the launch gaps that graph replay hides).
+  MlaStageTimes off_stages, on_stages;
 };
 
 // Weight bytes one decode step of `block` reads at batch c: fused_qkv_a, q_b_proj and o_proj from
@@ -399,6 +402,13 @@ void run_layer(const LayerArgs& a) {
             steps.push_back([&, i](StreamHandle) { ons[i]->decode(x.data(), db, y_on[i].data()); });
           t = time_interleaved(space, steps, topt);
         }
+        std::vector<std::function<void(StreamHandle, const MlaStageHook&)>> staged_steps = {
+            [&](StreamHandle s, const MlaStageHook& h) { off.decode(x.data(), db, y.data(), s, h); }};
+        for (size_t i = 0; i < ons.size(); ++i)
+          staged_steps.push_back(
+              [&, i](StreamHandle s, const MlaStageHook& h) { ons[i]->decode(x.data(), db, y_on[i].data(), s, h); });
+        const std::vector<MlaStageTimes> dst = profile_stages_interleaved(space, staged_steps, sopt);
+        d.off_stages = dst[0];
         ops.synchronize(nullptr);
         const size_t count = static_cast<size_t>(c) * static_cast<size_t>(cfg.hidden);
         std::vector<bf16> h_off(count), h_on(count);
@@ -408,6 +418,7 @@ void run_layer(const LayerArgs& a) {
           DecodeRow di = d;
           di.weight_scales = modes[i];
           di.on_us = t[1 + i];
+          di.on_stages = dst[1 + i];
           copy_bytes(h_on.data(), MemorySpace::host, y_on[i].data(), space, count * sizeof(bf16));
           di.bit_identical = std::memcmp(h_off.data(), h_on.data(), count * sizeof(bf16)) == 0;
           di.rel_err = compare(h_on.data(), h_off.data(), static_cast<int64_t>(count)).rel_frobenius;
@@ -461,6 +472,26 @@ void run_layer(const LayerArgs& a) {
                      us_or_na(floor_ratio(d.on_us, d.floor_on_us), "{:.2f}"), d.qkv_path, d.q_path, d.o_path);
       for (const DecodeRow& d : drows)
         if (d.tp == tp) fmt::print("{}", d.why_bf16);
+      const std::vector<MlaStage> dshown = {MlaStage::qkv_a,     MlaStage::q_proj,    MlaStage::kv_norm,
+                                            MlaStage::rope_cache, MlaStage::absorb_q, MlaStage::attention,
+                                            MlaStage::absorb_v,  MlaStage::o_proj,   MlaStage::all_reduce};
+      fmt::print("\ndecode stages (us; the same step eager, median per stage over {} runs, flag off and on interleaved "
+                 "run by run, events between stages: the total includes launch gaps a graph replay hides)\n",
+                 sopt.reps);
+      std::string dhead = fmt::format("  {:>4} {:>10}", "C", "flag");
+      for (MlaStage s : dshown) dhead += fmt::format(" {:>10}", to_string(s));
+      fmt::print("{} {:>10}\n", dhead, "total");
+      for (const DecodeRow& d : drows) {
+        if (d.tp != tp) continue;
+        for (int on_flag = 0; on_flag < 2; ++on_flag) {
+          if (!on_flag && d.weight_scales != modes.front()) continue;  // one flag-off line per C
+          const MlaStageTimes& st = on_flag ? d.on_stages : d.off_stages;
+          std::string line = fmt::format("  {:>4} {:>10}", d.seqs,
+                                         on_flag ? fmt::format("on {}", scale_mode_name(d.weight_scales)) : "off");
+          for (MlaStage s : dshown) line += fmt::format(" {:>10.1f}", st.of(s));
+          fmt::print("{} {:>10.1f}\n", line, st.total_us);
+        }
+      }
     }
   }
 
@@ -520,7 +551,8 @@ void run_layer(const LayerArgs& a) {
                              {"weight_scales", scale_mode_name(d.weight_scales)},
                              {"weight_bytes_off", d.weight_bytes_off}, {"weight_bytes_on", d.weight_bytes_on},
                              {"cache_bytes", d.cache_bytes}, {"floor_off_us", d.floor_off_us},
-                             {"floor_on_us", d.floor_on_us}, {"on_floor_ratio", floor_ratio(d.on_us, d.floor_on_us)}});
+                             {"floor_on_us", d.floor_on_us}, {"on_floor_ratio", floor_ratio(d.on_us, d.floor_on_us)},
+                             {"stages_off_us", stages_json(d.off_stages)}, {"stages_on_us", stages_json(d.on_stages)}});
     write_text(a.json, j.dump(1) + "\n");
   }
   if (!a.md.empty()) {

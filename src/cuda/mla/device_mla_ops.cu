@@ -90,6 +90,8 @@ class DeviceMlaOps final : public MlaOps {
     FP8PROJ_CHECK(a.rows > 0 && a.heads > 0 && a.heads <= 65535 && a.n > 0 && a.n % 8 == 0 && a.k > 0 && a.k % 32 == 0,
                   "absorbed decode projection: needs n a multiple of 8 and k of 32 (got rows ", a.rows, ", heads ",
                   a.heads, ", n ", a.n, ", k ", a.k, ")");
+    FP8PROJ_CHECK(a.k <= gpu::kHeadGemmMaxK, "absorbed decode projection: k ", a.k, " exceeds ", gpu::kHeadGemmMaxK,
+                  ", the most one CTA's shared memory holds (64 weight rows and 64 input rows of k)");
     check_vec(a.x, a.x_row_stride, "absorbed projection input");
     FP8PROJ_CHECK(a.x_head_stride % 8 == 0, "absorbed projection: input head stride must be a multiple of 8");
     check_vec(a.w, a.k, "absorbed projection weight");

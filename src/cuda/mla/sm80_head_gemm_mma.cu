@@ -8,21 +8,31 @@
 //   out      = out_latent . W_UV^T: k = kv_lora (512),   n = v (256),       w = W_UV per head
 //
 // Decode has few rows (B <= a few hundred) and the weights are read once per step (GLM-5 TP 1:
-// 12.6 MB of W_UK^T + 16.8 MB of W_UV, ~9 us at 3.3 TB/s), so the kernel is built to stream w
-// once at full width: every CTA owns one head and 64 columns of n and loops over all rows.
+// 12.6 MB of W_UK^T + 16.8 MB of W_UV, ~9 us at 3.3 TB/s). A CTA owns one head, 64 columns of n
+// and up to 64 rows: it copies its whole operands -- the 64 weight rows [64, k] and the x rows
+// [rows, k] -- into shared memory with cp.async in two groups (the two halves of k), then runs
+// the MMAs from shared memory, the first half while the second is still arriving. Every global
+// load of the CTA is in flight at once: one memory round trip per CTA instead of one per k step
+// and row tile. Decode-step stage times (DeepSeek-V3 TP 1, 64 rows; bench/results/decode/absorb/):
+// out_latent . W_UV^T 37 -> 24 us and q_nope . W_UK 24 -> 17 us against loading into registers
+// inside the k loop. Two other ways of issuing the same copies measured slower: one warp per row
+// (35 and 20 us) and one 1D bulk copy (TMA) per row and half (26 and 25 us).
 //
-// Launch: grid (ceil(n / 64), heads), 128 threads = 4 warps; warp w computes columns
-// [64*bx + 16w, +16) as two 8-column tiles of mma.sync.m16n8k16 (bf16 in, fp32 accumulate;
-// sm_80+, runs on our sm_90a build), for up to 64 rows at a time (4 row tiles, 32 fp32
-// accumulators per thread); more rows loop, re-reading the CTA's w slice from L2.
+// Launch: grid (ceil(n / 64), heads, ceil(rows / 64)), 128 threads = 4 warps; warp w computes
+// columns [64*bx + 16w, +16) as two 8-column tiles of mma.sync.m16n8k16 (bf16 in, fp32
+// accumulate; sm_80+, runs on our sm_90a build) for the CTA's row tiles (4 at most).
+// Shared memory: (64 + rows_pad) rows of `pitch` bytes, rows_pad = min(64, rows rounded up to 16);
+// pitch = 2k, plus 64 bytes when 2k % 128 == 0, so that rows g and g+1 start 64 bytes apart in
+// the bank space: the 16-byte reads of a quarter warp (rows g, g+1, 64 bytes each) are
+// conflict-free. GLM-5 W_UV (k 512): 1088-byte rows, 139 KB at 64 rows, 87 KB at 16.
 //
 // K order. mma.sync wants thread (g = lane/4, t = lane%4) to hold k = {2t, 2t+1, 2t+8, 2t+9}
 // of a 16-wide step. A dot product does not care in which order k is summed as long as x and
-// w agree, so each thread instead loads 8 *consecutive* k (one 16-byte vector) of a 32-wide
+// w agree, so each thread instead reads 8 *consecutive* k (one 16-byte vector) of a 32-wide
 // step and feeds elements {0,1},{2,3} to the first mma and {4,5},{6,7} to the second:
 // logical k 2t+e <-> physical 8t+e (+4 for the second mma), logical 2t+8+e <-> physical 8t+2+e.
-// Both operands use that one bijection, so the product is unchanged and every load is a
-// 16-byte vector (a warp reads 64 contiguous bytes of 8 rows per instruction).
+// Both operands use that one bijection, so the product is unchanged and every shared-memory read
+// is a 16-byte vector (a quarter warp reads 64 contiguous bytes of 2 rows).
 // Example: k = 0..31, thread t = 1 loads physical k 8..15; its first mma sees them as logical
 // k {2,3} (b0/a0,a1) and {10,11} (b1/a2,a3).
 //
@@ -30,7 +40,10 @@
 // multiples of 32, v of 8); rows past `rows` load zeros and are not stored.
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
 #include "core/cuda_check.hpp"
+#include "cuda/attention/sm90_attention_common.cuh"
 #include "cuda/common/launch.hpp"
 #include "cuda/common/pdl.cuh"
 #include "cuda/mla/mla_kernels.hpp"
@@ -39,13 +52,20 @@ namespace fp8proj::mla::gpu {
 
 namespace {
 
+namespace attn = fp8proj::gpu::attn;
+
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kColsPerWarp = 16;                   // two n8 tiles
 constexpr int kColsPerCta = kColsPerWarp * kWarps;  // 64
-constexpr int kRowTiles = 4;                        // 64 rows per pass
-constexpr int kKStep = 32;                          // two k16 mma steps per 16-byte load
-static_assert(kKStep == 4 * 8, "each of the 4 threads of a row group loads 8 consecutive k");
+constexpr int kRowTiles = 4;
+constexpr int kRowsPerCta = 16 * kRowTiles;         // 64
+constexpr int kKStep = 32;                          // two k16 mma steps per 16-byte read
+static_assert(kKStep == 4 * 8, "each of the 4 threads of a row group reads 8 consecutive k");
+
+// Bytes per shared-memory row for k (see the header): whole 16-byte vectors, rows 64 bytes
+// apart modulo 128.
+int pitch_bytes(int k) { return 2 * k + ((2 * k) % 128 == 0 ? 64 : 0); }
 
 __device__ __forceinline__ void mma_bf16_16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                                uint32_t b0, uint32_t b1) {
@@ -56,74 +76,112 @@ __device__ __forceinline__ void mma_bf16_16816(float (&c)[4], uint32_t a0, uint3
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-__device__ __forceinline__ uint4 ld16(const bf16* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
+__device__ __forceinline__ uint4 lds16(const uint8_t* p) { return *reinterpret_cast<const uint4*>(p); }
 
 __device__ __forceinline__ uint32_t pack(float a, float b) {
   return static_cast<uint32_t>(float_to_bf16(a).bits) | (static_cast<uint32_t>(float_to_bf16(b).bits) << 16);
 }
 
-__global__ void __launch_bounds__(kThreads) head_gemm_kernel(const HeadGemmArgs a) {
+__global__ void __launch_bounds__(kThreads) head_gemm_kernel(const HeadGemmArgs a, const int pitch) {
+  extern __shared__ __align__(16) uint8_t smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int h = blockIdx.y;
-  const int n0 = blockIdx.x * kColsPerCta + warp * kColsPerWarp;
-  fp8proj::gpu::pdl_wait_then_release();  // before the early exit and any load (cuda/common/pdl.cuh)
-  if (n0 >= a.n) return;  // warp-uniform; n % 8 == 0, so tile 0 is whole
-  const bool tile1 = n0 + 8 < a.n;
-  const bf16* w = a.w + static_cast<int64_t>(h) * a.n * a.k;
-  const bf16* w0 = w + static_cast<int64_t>(n0 + g) * a.k + t * 8;
-  const bf16* w1 = w0 + 8 * static_cast<int64_t>(a.k);
-  const bf16* x = a.x + static_cast<int64_t>(h) * a.x_head_stride + t * 8;
-  bf16* y = a.y + static_cast<int64_t>(h) * a.y_head_stride + n0 + 2 * t;
+  const int n_base = blockIdx.x * kColsPerCta;
+  const int r_base = blockIdx.z * kRowsPerCta;
+  const int rows = min(kRowsPerCta, a.rows - r_base);  // >= 1: the grid has no empty row block
+  const int tiles = (rows + 15) / 16;
+  fp8proj::gpu::pdl_wait_then_release();  // before any load (cuda/common/pdl.cuh)
 
-  for (int r0 = 0; r0 < a.rows; r0 += 16 * kRowTiles) {
-    float acc[kRowTiles][2][4] = {};
-    bool row_ok[kRowTiles][2];
-    const bf16* xr[kRowTiles][2];
-#pragma unroll
-    for (int m = 0; m < kRowTiles; ++m)
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int r = r0 + 16 * m + g + 8 * half;
-        row_ok[m][half] = r < a.rows;
-        xr[m][half] = x + static_cast<int64_t>(row_ok[m][half] ? r : 0) * a.x_row_stride;
-      }
+  uint8_t* const ws = smem;                          // [64 columns of n][k]
+  uint8_t* const xs = smem + kColsPerCta * pitch;    // [16 * tiles rows][k]
+  const bf16* const w = a.w + static_cast<int64_t>(h) * a.n * a.k;
+  const bf16* const x = a.x + static_cast<int64_t>(h) * a.x_head_stride;
 
-#pragma unroll 2
-    for (int k0 = 0; k0 < a.k; k0 += kKStep) {
-      const uint4 b0 = ld16(w0 + k0);
-      const uint4 b1 = tile1 ? ld16(w1 + k0) : make_uint4(0, 0, 0, 0);
+  // Vectors [v0, v1) of every row: weight rows past n and x rows past `rows` are zero-filled
+  // (src-size 0) from a valid address, never read.
+  auto load = [&](int v0, int v1) {
+    const int nv = v1 - v0;
+    for (int i = threadIdx.x; i < kColsPerCta * nv; i += kThreads) {
+      const int r = i / nv, v = v0 + i % nv;
+      const bool ok = n_base + r < a.n;
+      const bf16* src = w + static_cast<int64_t>(ok ? n_base + r : 0) * a.k + 8 * v;
+      attn::cp_async_16(attn::smem_addr(ws + r * pitch + 16 * v), src, ok ? 16 : 0);
+    }
+    for (int i = threadIdx.x; i < 16 * tiles * nv; i += kThreads) {
+      const int r = i / nv, v = v0 + i % nv;
+      const bool ok = r < rows;
+      const bf16* src = x + static_cast<int64_t>(r_base + (ok ? r : 0)) * a.x_row_stride + 8 * v;
+      attn::cp_async_16(attn::smem_addr(xs + r * pitch + 16 * v), src, ok ? 16 : 0);
+    }
+    attn::cp_async_commit();
+  };
+  const int k_half = a.k / kKStep / 2 * kKStep;  // group 0: k in [0, k_half) (empty when k = 32)
+  load(0, k_half / 8);
+  load(k_half / 8, a.k / 8);
+
+  const int c0 = warp * kColsPerWarp;  // the warp's first column in the CTA
+  const bool live = n_base + c0 < a.n;  // warp-uniform; n % 8 == 0, so tile 0 is whole
+  const bool tile1 = n_base + c0 + 8 < a.n;
+  float acc[kRowTiles][2][4] = {};
+  auto compute = [&](int k_begin, int k_end) {
+    for (int k0 = k_begin; k0 < k_end; k0 += kKStep) {
+      const int off = 2 * (k0 + 8 * t);
+      const uint4 b0 = lds16(ws + (c0 + g) * pitch + off);
+      const uint4 b1 = lds16(ws + (c0 + 8 + g) * pitch + off);  // zeros past n
 #pragma unroll
       for (int m = 0; m < kRowTiles; ++m) {
-        if (r0 + 16 * m >= a.rows) break;  // uniform: whole row tiles past the end
-        const uint4 lo = row_ok[m][0] ? ld16(xr[m][0] + k0) : make_uint4(0, 0, 0, 0);
-        const uint4 hi = row_ok[m][1] ? ld16(xr[m][1] + k0) : make_uint4(0, 0, 0, 0);
+        if (m >= tiles) break;  // uniform
+        const uint4 lo = lds16(xs + (16 * m + g) * pitch + off);
+        const uint4 hi = lds16(xs + (16 * m + 8 + g) * pitch + off);
         mma_bf16_16816(acc[m][0], lo.x, hi.x, lo.y, hi.y, b0.x, b0.y);
         mma_bf16_16816(acc[m][0], lo.z, hi.z, lo.w, hi.w, b0.z, b0.w);
         mma_bf16_16816(acc[m][1], lo.x, hi.x, lo.y, hi.y, b1.x, b1.y);
         mma_bf16_16816(acc[m][1], lo.z, hi.z, lo.w, hi.w, b1.z, b1.w);
       }
     }
+  };
+  attn::cp_async_wait<1>();
+  __syncthreads();
+  if (live) compute(0, k_half);
+  attn::cp_async_wait<0>();
+  __syncthreads();
+  if (!live) return;
+  compute(k_half, a.k);
 
-    // C fragment: c[0], c[1] at (row g, columns 2t, 2t+1); c[2], c[3] at row g + 8.
+  // C fragment: c[0], c[1] at (row g, columns 2t, 2t+1); c[2], c[3] at row g + 8.
+  bf16* y = a.y + static_cast<int64_t>(h) * a.y_head_stride + n_base + c0 + 2 * t;
 #pragma unroll
-    for (int m = 0; m < kRowTiles; ++m)
+  for (int m = 0; m < kRowTiles; ++m)
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        if (!row_ok[m][half]) continue;
-        bf16* yr = y + static_cast<int64_t>(r0 + 16 * m + g + 8 * half) * a.y_row_stride;
-        *reinterpret_cast<uint32_t*>(yr) = pack(acc[m][0][2 * half], acc[m][0][2 * half + 1]);
-        if (tile1) *reinterpret_cast<uint32_t*>(yr + 8) = pack(acc[m][1][2 * half], acc[m][1][2 * half + 1]);
-      }
-  }
+    for (int half = 0; half < 2; ++half) {
+      const int r = 16 * m + g + 8 * half;
+      if (r >= rows) continue;
+      bf16* yr = y + static_cast<int64_t>(r_base + r) * a.y_row_stride;
+      *reinterpret_cast<uint32_t*>(yr) = pack(acc[m][0][2 * half], acc[m][0][2 * half + 1]);
+      if (tile1) *reinterpret_cast<uint32_t*>(yr + 8) = pack(acc[m][1][2 * half], acc[m][1][2 * half + 1]);
+    }
 }
+
+static_assert((kColsPerCta + kRowsPerCta) * (2 * kHeadGemmMaxK + 64) <= attn::kSmemLimitBytes,
+              "kHeadGemmMaxK must fit in shared memory at 64 rows");
 
 }  // namespace
 
+int64_t head_gemm_smem_bytes(int rows, int k) {
+  const int rows_pad = std::min(kRowsPerCta, (rows + 15) / 16 * 16);
+  return static_cast<int64_t>(kColsPerCta + rows_pad) * pitch_bytes(k);
+}
+
 void launch_head_gemm(const HeadGemmArgs& a, cudaStream_t stream) {
   if (a.rows == 0) return;
-  const dim3 grid(static_cast<unsigned>(ceil_div(a.n, kColsPerCta)), static_cast<unsigned>(a.heads));
-  fp8proj::gpu::launch_kernel({grid, dim3(kThreads), 0, stream}, head_gemm_kernel, a);
+  const int64_t smem = head_gemm_smem_bytes(a.rows, a.k);
+  CUDA_CHECK(cudaFuncSetAttribute(head_gemm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(smem)));
+  const dim3 grid(static_cast<unsigned>(ceil_div(a.n, kColsPerCta)), static_cast<unsigned>(a.heads),
+                  static_cast<unsigned>(ceil_div(a.rows, kRowsPerCta)));
+  fp8proj::gpu::launch_kernel({grid, dim3(kThreads), static_cast<size_t>(smem), stream}, head_gemm_kernel, a,
+                              pitch_bytes(a.k));
 }
 
 }  // namespace fp8proj::mla::gpu

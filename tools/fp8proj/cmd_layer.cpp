@@ -112,6 +112,28 @@ double attention_flops(const MlaConfig& c, int seqs, int len) {
   return 2.0 * c.local_heads() * seqs * (double(len) * (len + 1) / 2) * (c.qk_head_dim() + c.v_head_dim);
 }
 
+// One line per C and flag (one flag-off line per C, one flag-on line per scale format) of the
+// rows of this TP size: each shown stage's time and the total, times `unit` (us -> ms: 1e-3),
+// with `decimals` places. Rows: PrefillRow or DecodeRow.
+template <class Row>
+void print_stage_table(const std::vector<Row>& rows, int tp, ScaleMode first_mode, const std::vector<MlaStage>& shown,
+                       double unit, int decimals) {
+  std::string head = fmt::format("  {:>4} {:>10}", "C", "flag");
+  for (MlaStage s : shown) head += fmt::format(" {:>10}", to_string(s));
+  fmt::print("{} {:>10}\n", head, "total");
+  for (const Row& r : rows) {
+    if (r.tp != tp) continue;
+    for (int on_flag = 0; on_flag < 2; ++on_flag) {
+      if (!on_flag && r.weight_scales != first_mode) continue;
+      const MlaStageTimes& st = on_flag ? r.on_stages : r.off_stages;
+      std::string line = fmt::format("  {:>4} {:>10}", r.seqs,
+                                     on_flag ? fmt::format("on {}", scale_mode_name(r.weight_scales)) : "off");
+      for (MlaStage s : shown) line += fmt::format(" {:>10.{}f}", st.of(s) * unit, decimals);
+      fmt::print("{} {:>10.{}f}\n", line, st.total_us * unit, decimals);
+    }
+  }
+}
+
 // Per-stage times of several blocks, interleaved run by run (as time_interleaved does for whole
 // calls): flag-off and flag-on stages see the same clock under the H200's power cap. Each stage
 // is the median over options.reps runs of that block, the total likewise.
@@ -432,20 +454,7 @@ void run_layer(const LayerArgs& a) {
     const std::vector<MlaStage> shown = {MlaStage::qkv_a,      MlaStage::q_proj,    MlaStage::kv_norm,
                                          MlaStage::kv_b_proj,  MlaStage::rope_cache, MlaStage::attention,
                                          MlaStage::o_proj};
-    std::string head = fmt::format("  {:>4} {:>10}", "C", "flag");
-    for (MlaStage s : shown) head += fmt::format(" {:>10}", to_string(s));
-    fmt::print("{} {:>10}\n", head, "total");
-    for (const PrefillRow& r : prows) {
-      if (r.tp != tp) continue;
-      for (int on_flag = 0; on_flag < 2; ++on_flag) {
-        if (!on_flag && r.weight_scales != modes.front()) continue;  // one flag-off line per C
-        const MlaStageTimes& st = on_flag ? r.on_stages : r.off_stages;
-        std::string line = fmt::format("  {:>4} {:>10}", r.seqs,
-                                       on_flag ? fmt::format("on {}", scale_mode_name(r.weight_scales)) : "off");
-        for (MlaStage s : shown) line += fmt::format(" {:>10.3f}", st.of(s) / 1e3);
-        fmt::print("{} {:>10.3f}\n", line, st.total_us / 1e3);
-      }
-    }
+    print_stage_table(prows, tp, modes.front(), shown, 1e-3, 3);
     if (!a.no_decode) {
       fmt::print("\ndecode step, C sequences at context {} ({}; policy {})\n", L + 1,
                  gpu ? "one CUDA graph replay" : "eager, CPU", a.policy);
@@ -478,20 +487,7 @@ void run_layer(const LayerArgs& a) {
       fmt::print("\ndecode stages (us; the same step eager, median per stage over {} runs, flag off and on interleaved "
                  "run by run, events between stages: the total includes launch gaps a graph replay hides)\n",
                  sopt.reps);
-      std::string dhead = fmt::format("  {:>4} {:>10}", "C", "flag");
-      for (MlaStage s : dshown) dhead += fmt::format(" {:>10}", to_string(s));
-      fmt::print("{} {:>10}\n", dhead, "total");
-      for (const DecodeRow& d : drows) {
-        if (d.tp != tp) continue;
-        for (int on_flag = 0; on_flag < 2; ++on_flag) {
-          if (!on_flag && d.weight_scales != modes.front()) continue;  // one flag-off line per C
-          const MlaStageTimes& st = on_flag ? d.on_stages : d.off_stages;
-          std::string line = fmt::format("  {:>4} {:>10}", d.seqs,
-                                         on_flag ? fmt::format("on {}", scale_mode_name(d.weight_scales)) : "off");
-          for (MlaStage s : dshown) line += fmt::format(" {:>10.1f}", st.of(s));
-          fmt::print("{} {:>10.1f}\n", line, st.total_us);
-        }
-      }
+      print_stage_table(drows, tp, modes.front(), dshown, 1.0, 1);
     }
   }
 

@@ -28,8 +28,8 @@ step), how many chunks that makes, and explain() at that M.
 The attention's time, under graphs: each variant is captured twice, as it is and with every
 decoder layer's self_attn replaced by NoAttention (zeros shaped like its input and no weights, the
 (attn_output, attn_weights) pair the decoder layer unpacks; no cache write). The four graphs (and
-fp8proj_unfused where patch() replaced expand_kv) are replayed interleaved round by round; attention = whole step - stubbed step, the median over rounds
-of the paired differences. The two stubbed graphs run the same work (the patched modules all sit
+fp8proj_unfused where patch() replaced expand_kv) are replayed interleaved round by round;
+attention = whole step - stubbed step, the median over rounds of the paired differences. The two stubbed graphs run the same work (the patched modules all sit
 inside self_attn): the ratio of their medians is the method's noise and is reported. What the
 attention's time includes: everything self_attn does (its projections, RoPE, the cache update,
 SDPA over the static cache); what it leaves out: the norms, MLP, embedding, mask and lm_head.

@@ -481,9 +481,10 @@ void run_layer(const LayerArgs& a) {
                      us_or_na(floor_ratio(d.on_us, d.floor_on_us), "{:.2f}"), d.qkv_path, d.q_path, d.o_path);
       for (const DecodeRow& d : drows)
         if (d.tp == tp) fmt::print("{}", d.why_bf16);
-      const std::vector<MlaStage> dshown = {MlaStage::qkv_a,     MlaStage::q_proj,    MlaStage::kv_norm,
+      // all_reduce never runs here: the command times rank 0's share without a communicator.
+      const std::vector<MlaStage> dshown = {MlaStage::qkv_a,      MlaStage::q_proj,   MlaStage::kv_norm,
                                             MlaStage::rope_cache, MlaStage::absorb_q, MlaStage::attention,
-                                            MlaStage::absorb_v,  MlaStage::o_proj,   MlaStage::all_reduce};
+                                            MlaStage::absorb_v,   MlaStage::o_proj};
       fmt::print("\ndecode stages (us; the same step eager, median per stage over {} runs, flag off and on interleaved "
                  "run by run, events between stages: the total includes launch gaps a graph replay hides)\n",
                  sopt.reps);

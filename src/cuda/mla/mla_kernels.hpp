@@ -16,9 +16,6 @@ void launch_prefill_rope(const PrefillRopeArgs& args, cudaStream_t stream);
 void launch_decode_rope(const DecodeRopeArgs& args, cudaStream_t stream);
 // sm80_head_gemm_mma.cu
 void launch_head_gemm(const HeadGemmArgs& args, cudaStream_t stream);
-// Dynamic shared memory of one head_gemm CTA for `rows` rows at inner dimension k (the CTA holds
-// its 64 weight rows and up to 64 input rows of k elements).
-int64_t head_gemm_smem_bytes(int rows, int k);
 // Largest k whose CTA fits in an sm_90 CTA's shared memory at 64 rows.
 inline constexpr int kHeadGemmMaxK = 864;
 // weight_layout.cu

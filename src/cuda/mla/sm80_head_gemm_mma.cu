@@ -166,12 +166,14 @@ __global__ void __launch_bounds__(kThreads) head_gemm_kernel(const HeadGemmArgs 
 static_assert((kColsPerCta + kRowsPerCta) * (2 * kHeadGemmMaxK + 64) <= attn::kSmemLimitBytes,
               "kHeadGemmMaxK must fit in shared memory at 64 rows");
 
-}  // namespace
-
+// Dynamic shared memory of one CTA for `rows` rows at inner dimension k: its 64 weight rows and
+// up to 64 input rows of k elements.
 int64_t head_gemm_smem_bytes(int rows, int k) {
   const int rows_pad = std::min(kRowsPerCta, (rows + 15) / 16 * 16);
   return static_cast<int64_t>(kColsPerCta + rows_pad) * pitch_bytes(k);
 }
+
+}  // namespace
 
 void launch_head_gemm(const HeadGemmArgs& a, cudaStream_t stream) {
   if (a.rows == 0) return;

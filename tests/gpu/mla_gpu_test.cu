@@ -185,12 +185,16 @@ TEST_F(MlaKernelsGpu, AbsorbedProjectionsMatchHost) {
   // and DeepSeek-V3's (k 128 -> n 512, k 512 -> n 128); odd row counts (one, a partial 16-row
   // tile, exactly one 64-row block, three blocks with a partial last one); n with a lone 8-column
   // tile (136, 8); k where the shared-memory rows need the 64-byte pad (64, 128, 512) and where
-  // they do not (96), k = 32 (the first cp.async group is empty) and the largest k (864).
+  // they do not (96), k = 32 (the first cp.async group is empty) and the largest k (864). The
+  // three CTA shapes: 4 warps (k < 384), 8 warps as two row groups (k >= 384 on a small grid) and
+  // 8 warps over 128 columns (k = 512 on 72 heads: 144 CTAs, enough for any GPU up to 288 SMs;
+  // n = 136 leaves the second column CTA one live warp).
   struct Case {
     int rows, heads, n, k;
   };
   for (const Case cs : {Case{1, 3, 512, 192}, Case{17, 2, 256, 512}, Case{100, 3, 136, 64}, Case{64, 2, 512, 128},
-                        Case{130, 2, 128, 512}, Case{16, 1, 8, 96}, Case{5, 2, 72, 32}, Case{33, 1, 64, 864}}) {
+                        Case{130, 2, 128, 512}, Case{16, 1, 8, 96}, Case{5, 2, 72, 32}, Case{33, 1, 64, 864},
+                        Case{40, 72, 136, 512}}) {
     const int64_t x_head = cs.k + 64, x_row = int64_t{cs.heads} * x_head;  // strided input, as q's nope part
     const auto x = normal_bf16(cs.rows * x_row, 11, 1.0f), w = normal_bf16(int64_t{cs.heads} * cs.n * cs.k, 12, 0.05f);
     std::vector<bf16> ref(int64_t{cs.rows} * cs.heads * cs.n);

@@ -19,24 +19,26 @@
 //   - A CTA owns 64 heads (zero-padded past H) of one sequence and the 64-token blocks
 //     [split * per, (split + 1) * per) of it, per = ceil(ceil(len / 64) / splits), computed on
 //     the device from the actual length; an empty range writes LSE = -inf.
-//   - Both warpgroups compute the same S = Q.K^T (wgmma m64n64k16 x 36 k-steps, A = Q and
-//     B = the cache block, both from shared memory) and the same softmax, so they need no
-//     exchange beyond the pipeline barrier; warpgroup w then accumulates output columns
-//     [256 w, 256 w + 256) with wgmma m64n256k16 (A = P from registers, B = the cache block
-//     read N-major). The duplicated S costs 4.7 MFLOP per block on top of 8.9 (+50%), in return
-//     for no P hand-off through shared memory and no extra barrier; a 64-token block is 72 KB of
-//     cache, about 3600 SM cycles at the HBM rate per SM (4.8 TB/s / 132), and the tensor work,
-//     13.6 MFLOP, is about 3300 cycles at the dense peak: roughly balanced.
+//   - Warpgroup w computes S = Q.K^T for keys [32 w, 32 w + 32) of the block (wgmma m64n32k16 x 36
+//     k-steps, A = Q and B = the cache block, both from shared memory); the two post their row
+//     maxima to shared memory, take the larger, and swap their halves of P (bf16 A fragments,
+//     4 KB each, by thread index) -- two CTA barriers per block; warpgroup w then accumulates
+//     output columns [256 w, 256 w + 256) over all 64 keys with wgmma m64n256k16 (A = P from
+//     registers, B = the cache block read N-major); each adds its share of the row sums at the
+//     end. Per 64-key block that is 8.9 MFLOP of tensor work, against 72 KB of cache: about
+//     2200 SM cycles at the dense peak, 3600 at the HBM rate per SM (4.8 TB/s / 132). Computing
+//     the whole S in both warpgroups (no exchange, 13.6 MFLOP per block) was 1-6% slower on the
+//     decode step's attention stage: the kernel is not bound by its tensor work (docs/decode.md).
 //   - cp.async double buffering, 64 tokens per stage: Q 72 KB + 2 x 72 KB = 216 KB of shared
-//     memory (a third stage does not fit in 227 KB). Registers per thread: O 64x256 fp32 / 128
-//     = 128, S 32, P 16.
+//     memory, + 8.5 KB for the exchange (a third stage does not fit in 227 KB). Registers per
+//     thread: O 64x256 fp32 / 128 = 128, S 16, P 16.
 //   - splits > 1 when batch x head groups leaves SMs idle (host heuristic, fixed at capture);
 //     decode_combine_kernel then merges the splits of each (b, h) in split order (fixed order:
 //     the result does not depend on scheduling).
 //
 // Build check: nvcc -std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a -Xptxas -v -Iinclude
 //   -Isrc -c src/cuda/attention/decode_attention.cu  (CUDA 13.0: 0 bytes stack, no spills;
-//   208 registers for the attention kernel, 32 for the combine).
+//   252 registers for the attention kernel, 32 for the combine).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -56,21 +58,31 @@ constexpr int kLora = kDecodeKvLora, kRope = kDecodeRope;
 constexpr int kDqk = kLora + kRope;  // 576: 9 swizzle panels
 constexpr int kDvPerWg = kLora / 2;  // 256 output columns per warpgroup
 constexpr int kHeads = kDecodeHeadsPerCta;
-constexpr int kBlockN = 64;
 constexpr int kThreads = 2 * kWarpgroupThreads;
-constexpr int kTileBytes = kBlockN * kDqk * 2;  // 73728, Q (64 heads) and a cache block alike
-constexpr int kPanelBytes = kBlockN * 128;      // one 64-column panel of a 64-row tile
-constexpr int kStages = 2;
-constexpr int kOutPitch = kLora * 2 + 16;  // 1040 B = 260 words: rows 4 banks apart
-constexpr int kSmemBytes = (1 + kStages) * kTileBytes;
+constexpr int kQTileBytes = kHeads * kDqk * 2;  // 73728
+constexpr int kQPanelBytes = kHeads * 128;      // one 64-column panel of Q
+constexpr int kOutPitch = kLora * 2 + 16;       // 1040 B = 260 words: rows 4 banks apart
 // At least this many 64-token blocks per split: a split re-reads Q (72 KB, from L2) and pays the
 // pipeline fill once, so a one-block split would spend as much on set-up as on work.
 constexpr int kMinBlocksPerSplit = 2;
 
 static_assert(kHeads == 64, "one wgmma M extent of heads per CTA");
 static_assert(kDqk % 64 == 0 && kLora % 128 == 0, "the cache row is whole 64-column panels");
-static_assert(kSmemBytes <= kSmemLimitBytes, "Q and two cache blocks must fit in 227 KB");
-static_assert(kHeads * kOutPitch <= kSmemBytes, "the output staging area reuses the tiles");
+
+// The key pipeline: 64 keys per stage, double-buffered. 32 keys x 4 stages (more bytes in flight,
+// twice the barriers and Q reads per key) measured 3-23% slower (docs/decode.md).
+constexpr int kBlockN = 64;
+constexpr int kStages = 2;
+constexpr int kTileBytes = kBlockN * kDqk * 2;  // a cache block: 73728
+constexpr int kPanelBytes = kBlockN * 128;      // one 64-column panel of it
+constexpr int kHalfN = kBlockN / 2;             // keys of a block per warpgroup in S = Q.K^T
+constexpr int kXchMaxBytes = 2 * kHeads * 4;    // row maxima / sums, per warpgroup
+constexpr int kXchPBytes = 2 * (kHalfN / 4) * kWarpgroupThreads * 4;  // P fragments, per warpgroup
+constexpr int kTilesBytes = kQTileBytes + kStages * kTileBytes;
+constexpr int kSmemBytes = kTilesBytes + kXchMaxBytes + kXchPBytes;
+static_assert(kSmemBytes <= kSmemLimitBytes, "Q, the cache stages and the exchange must fit in 227 KB");
+static_assert(kHeads * kOutPitch <= kTilesBytes, "the output staging area reuses the tiles");
+static_assert(kHalfN % 16 == 0, "a warpgroup's half of a block is whole k16 steps of P.V");
 
 struct DecodeParams {
   const bf16* q_latent;
@@ -92,7 +104,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_attention_sm90_kernel(cons
   const uint32_t base = (raw_addr + 1023u) & ~1023u;
   uint8_t* smem = smem_raw + (base - raw_addr);
   const uint32_t q_tile = base;
-  auto kv_tile = [&](int stage) { return base + (1 + stage) * kTileBytes; };
+  auto kv_tile = [&](int stage) { return base + kQTileBytes + stage * kTileBytes; };
 
   const int split = blockIdx.x, head0 = blockIdx.y * kHeads, b = blockIdx.z;
   const int tid = threadIdx.x, wg = tid / kWarpgroupThreads, wg_tid = tid % kWarpgroupThreads;
@@ -128,7 +140,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_attention_sm90_kernel(cons
       const bf16* rope = p.q_rope + (bh0 + r) * kRope + u * 8;
 #pragma unroll
       for (int panel = 0; panel < kDqk / 64; ++panel)
-        cp_async_16(dst0 + panel * kPanelBytes + j * (kRowsPerStep * 128),
+        cp_async_16(dst0 + panel * kQPanelBytes + j * (kRowsPerStep * 128),
                     !valid ? p.q_latent : panel < kLora / 64 ? lat + panel * 64 : rope, valid ? 16 : 0);
     }
   }
@@ -148,6 +160,11 @@ __global__ void __launch_bounds__(kThreads, 1) decode_attention_sm90_kernel(cons
   for (int i = 0; i < kDvPerWg / 2; ++i) o[i] = 0.0f;
   SoftmaxRows rows;
   const int col_base = 2 * (wg_tid % 4);
+  const int row0 = 16 * (wg_tid / 32) + (wg_tid % 32) / 4;  // the thread's rows: row0, row0 + 8
+  // Behind the tiles: the row maxima (then the row sums) and the P fragments the warpgroups swap.
+  auto& xch_max = *reinterpret_cast<float(*)[2][kHeads]>(smem + kTilesBytes);
+  auto& xch_p =
+      *reinterpret_cast<uint32_t(*)[2][kHalfN / 4][kWarpgroupThreads]>(smem + kTilesBytes + kXchMaxBytes);
   // Descriptors of Q and of stage 0 (this warpgroup's V panels for P.V); k-steps and stages are
   // immediate offsets from these.
   const uint64_t q_desc = desc_kmajor(q_tile);
@@ -163,12 +180,15 @@ __global__ void __launch_bounds__(kThreads, 1) decode_attention_sm90_kernel(cons
     const uint32_t stage_off = ((n - blk0) % kStages) * kTileBytes;
     const uint64_t k_desc = desc_advance(k_desc0, stage_off), v_desc = desc_advance(v_desc0, stage_off);
 
-    float s[kBlockN / 2];
+    // S for this warpgroup's half of the block: keys [32 wg, 32 wg + 32) (rows of the tile;
+    // 32 rows = 4 KB, a whole number of 8-row swizzle atoms).
+    float s[kHalfN / 2];
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kDqk / 16; ++kk) {
-      const uint32_t off = (kk / 4) * kPanelBytes + (kk % 4) * 32;  // Q and the block share the shape
-      WgmmaSS<kBlockN>::mma(desc_advance(q_desc, off), desc_advance(k_desc, off), s, kk > 0 ? 1 : 0);
+      const uint32_t col = (kk % 4) * 32;  // k-step kk: panel kk / 4, bytes 32 (kk % 4) of its rows
+      WgmmaSS<kHalfN>::mma(desc_advance(q_desc, (kk / 4) * kQPanelBytes + col),
+                           desc_advance(k_desc, (kk / 4) * kPanelBytes + col + wg * kHalfN * 128), s, kk > 0 ? 1 : 0);
     }
     wgmma_commit_group();
     wgmma_wait_group<0>();
@@ -176,22 +196,54 @@ __global__ void __launch_bounds__(kThreads, 1) decode_attention_sm90_kernel(cons
 
     if ((n + 1) * kBlockN > len) {  // only the sequence's last block is partial
 #pragma unroll
-      for (int i = 0; i < kBlockN / 8; ++i)
+      for (int i = 0; i < kHalfN / 8; ++i)
 #pragma unroll
         for (int h = 0; h < 2; ++h)
 #pragma unroll
           for (int c = 0; c < 2; ++c)
-            if (n * kBlockN + 8 * i + col_base + c >= len) s[4 * i + 2 * h + c] = -INFINITY;
+            if (n * kBlockN + wg * kHalfN + 8 * i + col_base + c >= len) s[4 * i + 2 * h + c] = -INFINITY;
     }
 
+    // The block's row maxima over both halves: each warpgroup posts its own, then both take the max.
+    float mx[2];
+    row_max<kHalfN>(s, mx);
+    if (col_base == 0) {
+      xch_max[wg][row0] = mx[0];
+      xch_max[wg][row0 + 8] = mx[1];
+    }
+    __syncthreads();
+    mx[0] = fmaxf(mx[0], xch_max[wg ^ 1][row0]);
+    mx[1] = fmaxf(mx[1], xch_max[wg ^ 1][row0 + 8]);
+    uint32_t own[kHalfN / 4];
+    online_softmax_given_max<kHalfN, kDvPerWg / 2>(s, mx, o, rows, p.scale_log2, own);
+
+    // P's two halves: a thread holds the same (row, key) positions of its half as the thread with
+    // its index in the other warpgroup holds of that one, so the exchange is by thread index.
+#pragma unroll
+    for (int j = 0; j < kHalfN / 4; ++j) xch_p[wg][j][wg_tid] = own[j];
+    __syncthreads();
     uint32_t pf[kBlockN / 4];
-    online_softmax<kBlockN, kDvPerWg / 2>(s, o, rows, p.scale_log2, pf);
+#pragma unroll
+    for (int j = 0; j < kHalfN / 4; ++j) {
+      const uint32_t other = xch_p[wg ^ 1][j][wg_tid];
+      pf[j] = wg == 0 ? own[j] : other;
+      pf[kHalfN / 4 + j] = wg == 0 ? other : own[j];
+    }
 
     // v_desc addresses columns [256 wg, 256 wg + 256) of c_kv: panels 4 wg .. 4 wg + 3 of the block.
     pv_accumulate<kBlockN, kDvPerWg>(pf, v_desc, o);
   }
 
   finish_rows(rows);
+  // Each warpgroup summed the probabilities of its keys only; the row sum is both shares. The
+  // last block's reads of xch_max finished before its second barrier.
+  if (col_base == 0) {
+    xch_max[wg][row0] = rows.l[0];
+    xch_max[wg][row0 + 8] = rows.l[1];
+  }
+  __syncthreads();
+  rows.l[0] += xch_max[wg ^ 1][row0];
+  rows.l[1] += xch_max[wg ^ 1][row0 + 8];
   const float inv_l[2] = {1.0f / rows.l[0], 1.0f / rows.l[1]};  // l >= 1: the row maximum adds 1
   if (p.splits == 1) {
     cp_async_wait<0>();

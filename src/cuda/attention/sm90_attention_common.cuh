@@ -150,21 +150,31 @@ struct SoftmaxRows {
   float l[2] = {0.0f, 0.0f};
 };
 
-// Turns the scores s (masked entries already -inf) into probabilities packed as the bf16 A
-// fragments of P.V, rescales the output accumulators o, and updates the row state.
-template <int N, int NO>
-__device__ __forceinline__ void online_softmax(float (&s)[N / 2], float (&o)[NO], SoftmaxRows& st, float scale_log2,
-                                               uint32_t (&p)[N / 4]) {
-  float mx[2] = {-INFINITY, -INFINITY};
+// The maxima of the thread's two rows over a 64 x N score fragment, unscaled (quad-reduced).
+template <int N>
+__device__ __forceinline__ void row_max(const float (&s)[N / 2], float (&mx)[2]) {
+  mx[0] = mx[1] = -INFINITY;
 #pragma unroll
   for (int i = 0; i < N / 8; ++i)
 #pragma unroll
     for (int h = 0; h < 2; ++h) mx[h] = fmaxf(mx[h], fmaxf(s[4 * i + 2 * h], s[4 * i + 2 * h + 1]));
-  float base[2], alpha[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
     mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+  }
+}
+
+// Turns the scores s (masked entries already -inf) into probabilities packed as the bf16 A
+// fragments of P.V, rescales the output accumulators o, and updates the row state, given the
+// block's row maxima mx (unscaled; row_max, or the maximum over several warpgroups' fragments
+// of one key block).
+template <int N, int NO>
+__device__ __forceinline__ void online_softmax_given_max(float (&s)[N / 2], const float (&mx)[2], float (&o)[NO],
+                                                         SoftmaxRows& st, float scale_log2, uint32_t (&p)[N / 4]) {
+  float base[2], alpha[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
     const float m_new = fmaxf(st.m[h], mx[h] * scale_log2);
     // A row with every score so far masked keeps m = -inf; subtracting 0 instead keeps
     // exp2(-inf - m) = 0 rather than NaN.
@@ -192,6 +202,15 @@ __device__ __forceinline__ void online_softmax(float (&s)[N / 2], float (&o)[NO]
     }
 #pragma unroll
   for (int j = 0; j < N / 4; ++j) p[j] = pack_bf16x2(s[2 * j], s[2 * j + 1]);
+}
+
+// The same with the maxima of this fragment alone (one warpgroup owns the key block).
+template <int N, int NO>
+__device__ __forceinline__ void online_softmax(float (&s)[N / 2], float (&o)[NO], SoftmaxRows& st, float scale_log2,
+                                               uint32_t (&p)[N / 4]) {
+  float mx[2];
+  row_max<N>(s, mx);
+  online_softmax_given_max<N, NO>(s, mx, o, st, scale_log2, p);
 }
 
 // Full row sums (the quad's shares added), after the last key block.

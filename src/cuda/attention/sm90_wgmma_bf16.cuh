@@ -15,8 +15,8 @@
 // of S: no shuffle is needed between the two products.
 //
 // The specialisations are mechanical (they differ only in N and in the N/2 accumulator operands)
-// and were generated. Keep the set minimal: SS for the key-block widths 64/128, RS for the value
-// widths 64/128/256.
+// and were generated. Keep the set minimal: SS for the key-block widths 64/128 and for half of a
+// 64-key block (32, the decode kernel's share per warpgroup), RS for the value widths 64/128/256.
 #pragma once
 
 #include <cstdint>
@@ -27,6 +27,19 @@ template <int N>
 struct WgmmaSS;
 template <int N>
 struct WgmmaRSTransB;
+
+template <>
+struct WgmmaSS<32> {
+  __device__ __forceinline__ static void mma(uint64_t desc_a, uint64_t desc_b, float (&d)[16], int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+  }
+};
 
 template <>
 struct WgmmaSS<64> {

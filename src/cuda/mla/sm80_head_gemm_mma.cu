@@ -8,8 +8,8 @@
 //   out      = out_latent . W_UV^T: k = kv_lora (512),   n = v (256),       w = W_UV per head
 //
 // Decode has few rows (B <= a few hundred) and the weights are read once per step (GLM-5 TP 1:
-// 12.6 MB of W_UK^T + 16.8 MB of W_UV, ~9 us at 3.3 TB/s). A CTA owns one head, 64 columns of n
-// and up to 64 rows: it copies its whole operands -- the 64 weight rows [64, k] and the x rows
+// 12.6 MB of W_UK^T + 16.8 MB of W_UV, ~9 us at 3.3 TB/s). A CTA owns one head, 64 or 128 columns of n
+// and up to 64 rows: it copies its whole operands -- its weight rows [64 or 128, k] and the x rows
 // [rows, k] -- into shared memory with cp.async in two groups (the two halves of k), then runs
 // the MMAs from shared memory, the first half while the second is still arriving. Every global
 // load of the CTA is in flight at once: one memory round trip per CTA instead of one per k step
@@ -18,13 +18,15 @@
 // inside the k loop. Two other ways of issuing the same copies measured slower: one warp per row
 // (35 and 20 us) and one 1D bulk copy (TMA) per row and half (26 and 25 us).
 //
-// Launch: grid (ceil(n / 64), heads, ceil(rows / 64)), 128 threads = 4 warps; warp w computes
-// columns [64*bx + 16w, +16) as two 8-column tiles of mma.sync.m16n8k16 (bf16 in, fp32
-// accumulate; sm_80+, runs on our sm_90a build) for the CTA's row tiles (4 at most).
-// Shared memory: (64 + rows_pad) rows of `pitch` bytes, rows_pad = min(64, rows rounded up to 16);
+// Launch: grid (ceil(n / C), heads, ceil(rows / 64)), C = 16 x the column warps; a CTA is 4 warps
+// over 64 columns, or 8 warps -- over 128 columns, or as two row groups over 64 -- where k is
+// large (launch_head_gemm). A warp computes 16 columns as two 8-column tiles of
+// mma.sync.m16n8k16 (bf16 in, fp32 accumulate; sm_80+, runs on our sm_90a build) for its row
+// tiles (the CTA's 4 at most, or 2 of them in a row group); every warp issues copies.
+// Shared memory: (C + rows_pad) rows of `pitch` bytes, rows_pad = min(64, rows rounded up to 16);
 // pitch = 2k, plus 64 bytes when 2k % 128 == 0, so that rows g and g+1 start 64 bytes apart in
 // the bank space: the 16-byte reads of a quarter warp (rows g, g+1, 64 bytes each) are
-// conflict-free. GLM-5 W_UV (k 512): 1088-byte rows, 139 KB at 64 rows, 87 KB at 16.
+// conflict-free. GLM-5 W_UV (k 512): 1088-byte rows, 139 KB at 64 rows and C = 64, 204 KB at C = 128.
 //
 // K order. mma.sync wants thread (g = lane/4, t = lane%4) to hold k = {2t, 2t+1, 2t+8, 2t+9}
 // of a 16-wide step. A dot product does not care in which order k is summed as long as x and
@@ -43,6 +45,7 @@
 #include <algorithm>
 
 #include "core/cuda_check.hpp"
+#include "fp8proj/device.hpp"
 #include "cuda/attention/sm90_attention_common.cuh"
 #include "cuda/common/launch.hpp"
 #include "cuda/common/pdl.cuh"
@@ -54,11 +57,18 @@ namespace {
 
 namespace attn = fp8proj::gpu::attn;
 
-constexpr int kWarps = 4;
-constexpr int kThreads = 32 * kWarps;
-constexpr int kColsPerWarp = 16;                   // two n8 tiles
-constexpr int kColsPerCta = kColsPerWarp * kWarps;  // 64
+// A CTA's shape: kColWarps warps side by side over columns (16 each) times kRowGroups groups of
+// them over the CTA's 4 row tiles (4 / kRowGroups each). The copies are issued by all warps.
+template <int kColWarps, int kRowGroups>
+struct Shape {
+  static constexpr int kWarps = kColWarps * kRowGroups;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kColsPerCta = 16 * kColWarps;   // two n8 tiles per warp
+  static constexpr int kTilesPerWarp = 4 / kRowGroups;
+  static_assert(4 % kRowGroups == 0, "the 4 row tiles split evenly between the row groups");
+};
 constexpr int kRowTiles = 4;
+constexpr int kWideK = 384;  // from here on a CTA takes 8 warps (launch_head_gemm)
 constexpr int kRowsPerCta = 16 * kRowTiles;         // 64
 constexpr int kKStep = 32;                          // two k16 mma steps per 16-byte read
 static_assert(kKStep == 4 * 8, "each of the 4 threads of a row group reads 8 consecutive k");
@@ -82,19 +92,22 @@ __device__ __forceinline__ uint32_t pack(float a, float b) {
   return static_cast<uint32_t>(float_to_bf16(a).bits) | (static_cast<uint32_t>(float_to_bf16(b).bits) << 16);
 }
 
-__global__ void __launch_bounds__(kThreads) head_gemm_kernel(const HeadGemmArgs a, const int pitch) {
+template <int kColWarps, int kRowGroups>
+__global__ void __launch_bounds__(Shape<kColWarps, kRowGroups>::kThreads)
+    head_gemm_kernel(const HeadGemmArgs a, const int pitch) {
+  using S = Shape<kColWarps, kRowGroups>;
   extern __shared__ __align__(16) uint8_t smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int h = blockIdx.y;
-  const int n_base = blockIdx.x * kColsPerCta;
+  const int n_base = blockIdx.x * S::kColsPerCta;
   const int r_base = blockIdx.z * kRowsPerCta;
   const int rows = min(kRowsPerCta, a.rows - r_base);  // >= 1: the grid has no empty row block
   const int tiles = (rows + 15) / 16;
   fp8proj::gpu::pdl_wait_then_release();  // before any load (cuda/common/pdl.cuh)
 
-  uint8_t* const ws = smem;                          // [64 columns of n][k]
-  uint8_t* const xs = smem + kColsPerCta * pitch;    // [16 * tiles rows][k]
+  uint8_t* const ws = smem;                            // [kColsPerCta columns of n][k]
+  uint8_t* const xs = smem + S::kColsPerCta * pitch;  // [16 * tiles rows][k]
   const bf16* const w = a.w + static_cast<int64_t>(h) * a.n * a.k;
   const bf16* const x = a.x + static_cast<int64_t>(h) * a.x_head_stride;
 
@@ -102,13 +115,13 @@ __global__ void __launch_bounds__(kThreads) head_gemm_kernel(const HeadGemmArgs 
   // (src-size 0) from a valid address, never read.
   auto load = [&](int v0, int v1) {
     const int nv = v1 - v0;
-    for (int i = threadIdx.x; i < kColsPerCta * nv; i += kThreads) {
+    for (int i = threadIdx.x; i < S::kColsPerCta * nv; i += S::kThreads) {
       const int r = i / nv, v = v0 + i % nv;
       const bool ok = n_base + r < a.n;
       const bf16* src = w + static_cast<int64_t>(ok ? n_base + r : 0) * a.k + 8 * v;
       attn::cp_async_16(attn::smem_addr(ws + r * pitch + 16 * v), src, ok ? 16 : 0);
     }
-    for (int i = threadIdx.x; i < 16 * tiles * nv; i += kThreads) {
+    for (int i = threadIdx.x; i < 16 * tiles * nv; i += S::kThreads) {
       const int r = i / nv, v = v0 + i % nv;
       const bool ok = r < rows;
       const bf16* src = x + static_cast<int64_t>(r_base + (ok ? r : 0)) * a.x_row_stride + 8 * v;
@@ -120,24 +133,26 @@ __global__ void __launch_bounds__(kThreads) head_gemm_kernel(const HeadGemmArgs 
   load(0, k_half / 8);
   load(k_half / 8, a.k / 8);
 
-  const int c0 = warp * kColsPerWarp;  // the warp's first column in the CTA
-  const bool live = n_base + c0 < a.n;  // warp-uniform; n % 8 == 0, so tile 0 is whole
+  const int c0 = warp % kColWarps * 16;               // the warp's first column in the CTA
+  const int m0 = warp / kColWarps * S::kTilesPerWarp;  // the warp's first row tile
+  const bool live = n_base + c0 < a.n && m0 < tiles;   // warp-uniform; n % 8 == 0: tile 0 is whole
   const bool tile1 = n_base + c0 + 8 < a.n;
-  float acc[kRowTiles][2][4] = {};
+  float acc[S::kTilesPerWarp][2][4] = {};
   auto compute = [&](int k_begin, int k_end) {
     for (int k0 = k_begin; k0 < k_end; k0 += kKStep) {
       const int off = 2 * (k0 + 8 * t);
       const uint4 b0 = lds16(ws + (c0 + g) * pitch + off);
       const uint4 b1 = lds16(ws + (c0 + 8 + g) * pitch + off);  // zeros past n
 #pragma unroll
-      for (int m = 0; m < kRowTiles; ++m) {
+      for (int i = 0; i < S::kTilesPerWarp; ++i) {
+        const int m = m0 + i;
         if (m >= tiles) break;  // uniform
         const uint4 lo = lds16(xs + (16 * m + g) * pitch + off);
         const uint4 hi = lds16(xs + (16 * m + 8 + g) * pitch + off);
-        mma_bf16_16816(acc[m][0], lo.x, hi.x, lo.y, hi.y, b0.x, b0.y);
-        mma_bf16_16816(acc[m][0], lo.z, hi.z, lo.w, hi.w, b0.z, b0.w);
-        mma_bf16_16816(acc[m][1], lo.x, hi.x, lo.y, hi.y, b1.x, b1.y);
-        mma_bf16_16816(acc[m][1], lo.z, hi.z, lo.w, hi.w, b1.z, b1.w);
+        mma_bf16_16816(acc[i][0], lo.x, hi.x, lo.y, hi.y, b0.x, b0.y);
+        mma_bf16_16816(acc[i][0], lo.z, hi.z, lo.w, hi.w, b0.z, b0.w);
+        mma_bf16_16816(acc[i][1], lo.x, hi.x, lo.y, hi.y, b1.x, b1.y);
+        mma_bf16_16816(acc[i][1], lo.z, hi.z, lo.w, hi.w, b1.z, b1.w);
       }
     }
   };
@@ -152,38 +167,56 @@ __global__ void __launch_bounds__(kThreads) head_gemm_kernel(const HeadGemmArgs 
   // C fragment: c[0], c[1] at (row g, columns 2t, 2t+1); c[2], c[3] at row g + 8.
   bf16* y = a.y + static_cast<int64_t>(h) * a.y_head_stride + n_base + c0 + 2 * t;
 #pragma unroll
-  for (int m = 0; m < kRowTiles; ++m)
+  for (int i = 0; i < S::kTilesPerWarp; ++i)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const int r = 16 * m + g + 8 * half;
+      const int r = 16 * (m0 + i) + g + 8 * half;
       if (r >= rows) continue;
       bf16* yr = y + static_cast<int64_t>(r_base + r) * a.y_row_stride;
-      *reinterpret_cast<uint32_t*>(yr) = pack(acc[m][0][2 * half], acc[m][0][2 * half + 1]);
-      if (tile1) *reinterpret_cast<uint32_t*>(yr + 8) = pack(acc[m][1][2 * half], acc[m][1][2 * half + 1]);
+      *reinterpret_cast<uint32_t*>(yr) = pack(acc[i][0][2 * half], acc[i][0][2 * half + 1]);
+      if (tile1) *reinterpret_cast<uint32_t*>(yr + 8) = pack(acc[i][1][2 * half], acc[i][1][2 * half + 1]);
     }
 }
 
-static_assert((kColsPerCta + kRowsPerCta) * (2 * kHeadGemmMaxK + 64) <= attn::kSmemLimitBytes,
+static_assert((Shape<4, 1>::kColsPerCta + kRowsPerCta) * (2 * kHeadGemmMaxK + 64) <= attn::kSmemLimitBytes,
               "kHeadGemmMaxK must fit in shared memory at 64 rows");
 
-// Dynamic shared memory of one CTA for `rows` rows at inner dimension k: its 64 weight rows and
-// up to 64 input rows of k elements.
-int64_t head_gemm_smem_bytes(int rows, int k) {
+// Dynamic shared memory of one CTA of `cols` weight rows for `rows` rows at inner dimension k:
+// its weight rows and up to 64 input rows of k elements.
+int64_t head_gemm_smem_bytes(int cols, int rows, int k) {
   const int rows_pad = std::min(kRowsPerCta, (rows + 15) / 16 * 16);
-  return static_cast<int64_t>(kColsPerCta + rows_pad) * pitch_bytes(k);
+  return static_cast<int64_t>(cols + rows_pad) * pitch_bytes(k);
+}
+
+template <int kColWarps, int kRowGroups>
+void launch_shape(const HeadGemmArgs& a, cudaStream_t stream) {
+  using S = Shape<kColWarps, kRowGroups>;
+  const int64_t smem = head_gemm_smem_bytes(S::kColsPerCta, a.rows, a.k);
+  auto* kernel = head_gemm_kernel<kColWarps, kRowGroups>;
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  const dim3 grid(static_cast<unsigned>(ceil_div(a.n, S::kColsPerCta)), static_cast<unsigned>(a.heads),
+                  static_cast<unsigned>(ceil_div(a.rows, kRowsPerCta)));
+  fp8proj::gpu::launch_kernel({grid, dim3(S::kThreads), static_cast<size_t>(smem), stream}, kernel, a,
+                              pitch_bytes(a.k));
 }
 
 }  // namespace
 
 void launch_head_gemm(const HeadGemmArgs& a, cudaStream_t stream) {
   if (a.rows == 0) return;
-  const int64_t smem = head_gemm_smem_bytes(a.rows, a.k);
-  CUDA_CHECK(cudaFuncSetAttribute(head_gemm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(smem)));
-  const dim3 grid(static_cast<unsigned>(ceil_div(a.n, kColsPerCta)), static_cast<unsigned>(a.heads),
-                  static_cast<unsigned>(ceil_div(a.rows, kRowsPerCta)));
-  fp8proj::gpu::launch_kernel({grid, dim3(kThreads), static_cast<size_t>(smem), stream}, head_gemm_kernel, a,
-                              pitch_bytes(a.k));
+  // Where k is small (q_nope . W_UK, k = 128-192) a 4-warp CTA is small (41 KB of shared memory
+  // at 64 rows: 5 per SM) and stays. Where it is large (out_latent . W_UV^T, k = 512: 139 KB,
+  // one CTA per SM) four warps cannot issue the copies fast enough: 8 warps over 128 columns
+  // where that still gives half the SMs a CTA, else 8 warps as two row groups over the same
+  // 64 columns (same grid). Stage times (bench/results/decode/absorb/): DeepSeek-V3 TP 1, 64
+  // rows 22.3 -> 14.7 us; TP 8, 64 rows 12.5-15.0 -> 9.8-10.0 us.
+  if (a.k < kWideK) return launch_shape<4, 1>(a, stream);
+  const int64_t wide_ctas =
+      ceil_div(a.n, Shape<8, 1>::kColsPerCta) * int64_t{a.heads} * ceil_div(a.rows, kRowsPerCta);
+  if (2 * wide_ctas >= current_device().sm_count &&
+      head_gemm_smem_bytes(Shape<8, 1>::kColsPerCta, a.rows, a.k) <= attn::kSmemLimitBytes)
+    return launch_shape<8, 1>(a, stream);
+  return launch_shape<4, 2>(a, stream);
 }
 
 }  // namespace fp8proj::mla::gpu

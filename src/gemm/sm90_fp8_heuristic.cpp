@@ -132,7 +132,7 @@ const std::vector<Config> kFamily = {
     {KernelKind::kSwapAB, 128, 128, 2, 5, 1},
     // ... and 64 weight rows, the two warpgroups on alternate K blocks: twice the CTAs on the
     // same weight (N = 4096: 64 instead of 32), no split-K hand-over.
-    {KernelKind::kSwapAB, 16, 64, 2, 15, 1},
+    {KernelKind::kSwapAB, 16, 64, 2, 14, 1},
 };
 
 bool parse_int(std::string_view& s, std::string_view prefix, int& out) {

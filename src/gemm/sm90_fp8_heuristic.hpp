@@ -27,7 +27,7 @@
 //                                 the tensor cores do not idle there; pays at many tiles per
 //                                 CTA (large M), costs a little at one or two
 //   "swapab_m16n128_ws2_st11_sk4" kSwapAB,   16 tokens x 128 weight rows, 11 stages, split-K 4
-//   "swapab_m16n64_ws2_st15"      kSwapAB,   16 tokens x 64 weight rows, K split between the
+//   "swapab_m16n64_ws2_st14"      kSwapAB,   16 tokens x 64 weight rows, K split between the
 //                                 two warpgroups
 // "_mcC"/"_mcnC" appear only when C > 1 (kGemm1d2d), "_c" only for two-warpgroup kGemm1d2d,
 // "_skS" only when S > 1 (kSwapAB).

@@ -13,6 +13,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <ostream>
 #include <string>
 #include <tuple>
@@ -24,6 +25,7 @@
 #include "fp8proj/ops.hpp"
 #include "fp8proj/quantize.hpp"
 #include "fp8proj/reference.hpp"
+#include "fp8proj/timing.hpp"
 #include "gpu_test_util.hpp"
 
 namespace fp8proj {
@@ -538,6 +540,81 @@ TEST_P(GraphCaptureGpu, QuantizeThenGemmReplays) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, GraphCaptureGpu, ::testing::ValuesIn(kFp8Backends));
+
+
+// ---- the 64-row swap-AB tile over a long K, launched back to back -----------------------------
+
+// Counts the elements of y that differ bitwise from ref.
+__global__ void count_differences(const uint16_t* y, const uint16_t* ref, int64_t n, unsigned long long* diffs) {
+  unsigned long long mine = 0;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    mine += y[i] != ref[i];
+  if (mine) atomicAdd(diffs, mine);
+}
+
+// The tile whose two consumer warpgroups take alternate K blocks (BLOCK_W = 64) once ran its
+// stage ring with an odd stage count: a stage's consecutive fills then belong to different
+// warpgroups, and a warpgroup that ran ahead while the other warpgroup's fill of the same stage
+// was still landing saw that fill's mbarrier phase as its own (the parity cannot tell phase j
+// from j - 2), read the stage early and released it; the producer then re-armed a barrier whose
+// phase had not completed, and the arrive faulted ("unspecified launch failure", Xid 43; GPU
+// core dump: Warp Illegal Instruction at the producer's mbarrier.arrive.expect_tx). It took a
+// TMA fill landing behind the next ~13: about one launch in 20,000 at 16 x 7168 x 16384
+// (o_proj TP 1) with the L2 flushed between launches (docs/robustness.md). Here: 60,000 such
+// launches, each output compared bitwise on the device with the first (the kernel is
+// deterministic), no CUDA error.
+TEST(Sm90SwapAB64Gpu, LongKBackToBackNoFaultNoDrift) {
+  const DeviceInfo& dev = current_device();
+  if (!dev.present) GTEST_SKIP() << "no GPU: " << dev.why_absent;
+  if (dev.cc_major != 9 || dev.cc_minor != 0) GTEST_SKIP() << "the sm90 kernels need an sm_90 GPU, this is " << dev.arch();
+  const int64_t m = 16, n = 7168, k = 16384;
+  constexpr int kLaunches = 60000, kBatch = 500;
+  const sm90::Problem p{m, n, k, dev.sm_count};
+  sm90::Config cfg;
+  bool found = false;
+  for (const sm90::Config& c : sm90::kernel_family())
+    if (c.kind == sm90::KernelKind::kSwapAB && sm90::swap_ab_k_split(c.kind, c.block_n)) cfg = c, found = true;
+  ASSERT_TRUE(found) << "no 64-row swap-AB tile in the kernel family";
+  ASSERT_TRUE(sm90::can_run(cfg, p)) << sm90::why_illegal(cfg, p);
+
+  // Random FP8 codes and scales: the GEMM's numerics are tested elsewhere, this is about the
+  // pipeline; uniform bytes in [0, 0x7e] avoid NaN codes.
+  std::vector<uint8_t> wv(static_cast<size_t>(n * k)), xv(static_cast<size_t>(m * k));
+  uint32_t st = 12345u;
+  for (auto* v : {&wv, &xv})
+    for (auto& b : *v) b = static_cast<uint8_t>(((st = st * 1664525u + 1013904223u) >> 24) % 0x7f);
+  HostFp8Activation qx = make_host_fp8_activation(m, k);
+  for (auto& sc : qx.scales) sc = 0.01f;
+  std::vector<float> ws(static_cast<size_t>((n + 127) / 128 * (k / 128)), 0.02f);
+  Buffer dw = to_device(wv), dws = to_device(ws), dx = to_device(xv), dxs = to_device(qx.scales);
+  Buffer y0 = poisoned(static_cast<size_t>(m * n) * sizeof(bf16)), y = poisoned(static_cast<size_t>(m * n) * sizeof(bf16));
+  Buffer diffs(MemorySpace::device, sizeof(unsigned long long));
+  ASSERT_EQ(cudaMemset(diffs.data(), 0, sizeof(unsigned long long)), cudaSuccess);
+  auto args = [&](Buffer& out) {
+    return sm90::Fp8GemmArgs{m, n, k, dx.data<uint8_t>(), dxs.data<float>(), qx.scale_ld,
+                             dw.data<uint8_t>(), dws.data<float>(), out.data()};
+  };
+  sm90::run(args(y0), cfg, nullptr, 0, dev.sm_count, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  int done = 0;
+  for (int b = 0; b < kLaunches / kBatch; ++b) {
+    for (int i = 0; i < kBatch; ++i, ++done) {
+      flush_l2(nullptr);
+      sm90::run(args(y), cfg, nullptr, 0, dev.sm_count, nullptr);
+      count_differences<<<64, 256>>>(y.data<uint16_t>(), y0.data<uint16_t>(), m * n,
+                                     diffs.data<unsigned long long>());
+    }
+    const cudaError_t e = cudaDeviceSynchronize();
+    ASSERT_EQ(e, cudaSuccess) << cudaGetErrorString(e) << " within launches " << done - kBatch << "-" << done
+                              << " of " << kLaunches << " (" << cfg.name() << ", " << m << "x" << n << "x" << k << ")";
+  }
+  unsigned long long differing = 0;
+  ASSERT_EQ(cudaMemcpy(&differing, diffs.data(), sizeof differing, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(differing, 0u) << "output elements that differed from the first launch's, over " << kLaunches << " launches";
+  std::printf("[%s %lldx%lldx%lld] %d launches, L2 flushed before each: no CUDA error, %llu differing elements\n",
+              cfg.name().c_str(), static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k),
+              kLaunches, differing);
+}
 
 }  // namespace
 }  // namespace fp8proj

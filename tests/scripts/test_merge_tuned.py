@@ -67,14 +67,14 @@ def main() -> int:
         two = dict(row(6144, 16384, 140, "m64n64_ws1_st12"))
         two["buckets"] = two["buckets"] + [dict(two["buckets"][0], m_lo=17, m_hi=64, fp8_config="m64n128_ws1_st8")]
         base2 = table([two], "base")
-        low = row(6144, 16384, 0, "swapab_m16n64_ws2_st15_sk3")
-        low["buckets"] = [dict(low["buckets"][0], m_hi=4), dict(low["buckets"][0], m_lo=5, fp8_config="swapab_m16n64_ws2_st15")]
+        low = row(6144, 16384, 0, "swapab_m16n64_ws2_st14_sk3")
+        low["buckets"] = [dict(low["buckets"][0], m_hi=4), dict(low["buckets"][0], m_lo=5, fp8_config="swapab_m16n64_ws2_st14")]
         r, out = merge_args(tmp, base2, table([low], "new"), ["--buckets-up-to", "16"])
         if r.returncode != 0:
             failures.append(f"--buckets-up-to merge failed: {r.stderr}")
         else:
             got = json.load(open(out))["shapes"][0]
-            want = [(1, 4, "swapab_m16n64_ws2_st15_sk3"), (5, 16, "swapab_m16n64_ws2_st15"), (17, 64, "m64n128_ws1_st8")]
+            want = [(1, 4, "swapab_m16n64_ws2_st14_sk3"), (5, 16, "swapab_m16n64_ws2_st14"), (17, 64, "m64n128_ws1_st8")]
             if [(b["m_lo"], b["m_hi"], b["fp8_config"]) for b in got["buckets"]] != want or got["threshold"] != 140:
                 failures.append(f"--buckets-up-to row {got}")
         gap = row(6144, 16384, 0, "x")

@@ -23,9 +23,9 @@ def main():
         write(d, "racecheck__m128n128_ws2_st5.log", h, "========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)\n1 passed, 0 failed\n")
         write(d, "memcheck__m128n128_ws2_st5.log", h.replace("racecheck", "memcheck"), "========= ERROR SUMMARY: 0 errors\n1 passed, 0 failed\n")
         write(d, "synccheck__m128n128_ws2_st5.log", h.replace("racecheck", "synccheck"), "still running when stopped\n")
-        write(d, "initcheck__swapab_m16n64_ws2_st15.log", h.replace("racecheck", "initcheck"), "========= ERROR SUMMARY: 3 errors\n")
+        write(d, "initcheck__swapab_m16n64_ws2_st14.log", h.replace("racecheck", "initcheck"), "========= ERROR SUMMARY: 3 errors\n")
         done = {f: sm.finished_log(os.path.join(d, f)) for f in sorted(os.listdir(d))}
-        assert done == {"initcheck__swapab_m16n64_ws2_st15.log": True, "memcheck__m128n128_ws2_st5.log": True,
+        assert done == {"initcheck__swapab_m16n64_ws2_st14.log": True, "memcheck__m128n128_ws2_st5.log": True,
                         "racecheck__m128n128_ws2_st5.log": True, "synccheck__m128n128_ws2_st5.log": False}, done
         assert not sm.finished_log(os.path.join(d, "missing.log"))
         jobs = [(f, os.path.join(d, f)) for f in ("synccheck__m128n128_ws2_st5.log", "racecheck__m128n128_ws2_st5.log",
@@ -36,7 +36,7 @@ def main():
         md = open(os.path.join(d, "matrix.md")).read()
         row = next(l for l in md.splitlines() if l.startswith("| `m128n128_ws2_st5`"))
         assert "stopped by its time limit" in row and row.count("clean") == 2, row
-        row = next(l for l in md.splitlines() if l.startswith("| `swapab_m16n64_ws2_st15`"))
+        row = next(l for l in md.splitlines() if l.startswith("| `swapab_m16n64_ws2_st14`"))
         assert "clean" not in row.split("|")[5] and "3" in row, row
     print("sanitize_matrix: resume and from-logs ok")
 

@@ -240,7 +240,7 @@ using Family = std::tuple<
     // swap-AB: tokens x 128 weight rows (2 x 64)
     SwapABTraits<16, 11>, SwapABTraits<32, 10>, SwapABTraits<64, 8>, SwapABTraits<128, 5>,
     // swap-AB: tokens x 64 weight rows, K split between the two warpgroups
-    SwapABTraits<16, 15, 64>>;
+    SwapABTraits<16, 14, 64>>;
 
 template <class T>
 constexpr bool kIsSwapAB = requires { T::BLOCK_TOK; };

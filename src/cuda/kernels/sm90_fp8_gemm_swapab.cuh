@@ -102,6 +102,15 @@ struct SwapABTraits {
                 "barrier region: 2 x kStages mbarriers and a flag, then the watchdog's");
   static_assert(kAcc % 4 == 0, "partials are stored as float4");
   static_assert(BLOCK_W == 128 || BLOCK_W == 64, "weight tile: 2 x 64 rows, or 64 rows with K split between the WGs");
+  // kAltK: with an even stage count each stage is only ever filled for one warpgroup's K blocks
+  // (blocks kb and kb + kStages have the same parity), so a warpgroup waits on a stage only after
+  // it consumed that stage's previous fill itself. With an odd count consecutive fills of a stage
+  // alternate between the warpgroups: one that ran ahead of a fill still landing for the other
+  // saw that phase as its own (mbarrier parity cannot tell phase j from j - 2), read the stage
+  // early and released it, and the producer's next arrive.expect_tx found the phase incomplete:
+  // an illegal-instruction fault, about one launch in 20,000 at 16 x 7168 x 16384 with 15
+  // stages (docs/robustness.md).
+  static_assert(!kAltK || kStages % 2 == 0, "64-row tiles alternate K blocks between the warpgroups: even kStages");
 };
 
 // The split-K hand-over of one unit by the kThreads consumer threads that hold its sums (acc,

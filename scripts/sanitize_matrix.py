@@ -6,7 +6,8 @@ tool, one harness process forces that configuration (`--config`) on problems cho
 full last tile, a partial last tile in M together with an N tail (N = 2624: a partial last
 128-row weight block), K = 512; the kernels compiled for one K also at K = 1536 / 2048 / 4096;
 2-CTA clusters with an odd tile count (a spare tile); the carrying (_c) kernels with >= 2 tiles
-per CTA (their grid sized for 4 SMs, so that small problems, which racecheck can finish, do it); the swap-AB kernels with split-K. The other kernels (quantizers, attention, MLA
+per CTA (their grid sized for 4 SMs, so that small problems, which racecheck can finish, do it); the swap-AB kernels with split-K, the 64-row tile also at K = 8192 (its stage ring wrapped several
+times, where the warpgroups' alternating K blocks meet). The other kernels (quantizers, attention, MLA
 helpers) run through their GPU tests, one filter per family. Every row ends in the tool's own
 summary line and the program's verdict; the matrix is written as CSV and markdown.
 
@@ -66,6 +67,8 @@ def problems_for(name):
     bm, bn = f["bm"], f["bn"]
     if f["swapab"]:
         runs = [(name, [(2 * bm, 1024, 512), (max(1, bm - 5), 2624, 512), (2 * bm - 3, 2624, 512)])]
+        if bn == 64:  # K split between the warpgroups: 64 K blocks wrap the stage ring several times
+            runs[0][1].append((bm, 1024, 8192))
         if bn == 128:  # split-K of the 128-row weight tiles: 3 and 4 splits, tails in M and N
             runs.append((name + "_sk4", [(max(1, bm - 3), 2624, 1024), (2 * bm, 1024, 1024)]))
             runs.append((name + "_sk3", [(2 * bm - 1, 2112, 768)]))

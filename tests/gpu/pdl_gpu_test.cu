@@ -202,6 +202,87 @@ TEST_P(PdlChainGpu, OnAndOffBitwiseEqualEagerAndReplayed) {
   cudaStreamDestroy(stream);
 }
 
+// Under PDL a GEMM may start while the kernel before it still runs; everything it reads before
+// griddepcontrol.wait must be settled (pdl.cuh, rule 1: nothing global, the weight included).
+// Here the device weight quantizer rewrites the weight buffer -- alternately from two different
+// bf16 weights -- right before each GEMM, PDL on, eagerly and in graph replay: every output must
+// be the one of the weight just written (the reference of each weight: PDL off), never the
+// previous weight's. A change that reads the weight earlier (a prefetch before the wait) must
+// keep this test passing.
+class PdlWeightRewriteGpu : public GpuTest, public ::testing::WithParamInterface<std::tuple<int64_t, Variant>> {};
+
+TEST_P(PdlWeightRewriteGpu, GemmReadsTheWeightWrittenJustBefore) {
+  const DeviceInfo& dev = current_device();
+  if (dev.cc_major != 9 || dev.cc_minor != 0) GTEST_SKIP() << "the sm90 kernels need an sm_90 GPU, this is " << dev.arch();
+  const auto [m, variant] = GetParam();
+  const sm90::Problem p{m, kN1, kK1, dev.sm_count};
+  sm90::Config cfg = sm90::choose(p);
+  if (!pick(p, variant, cfg)) GTEST_SKIP() << "no " << name_of(variant) << " configuration is legal at M = " << m;
+  std::printf("M=%lld %s: %s\n", static_cast<long long>(m), name_of(variant), cfg.name().c_str());
+
+  const Buffer wa = to_device(testing::normal_rows_bf16(kN1, kK1, 21, 0.05f));
+  const Buffer wb = to_device(testing::normal_rows_bf16(kN1, kK1, 22, 0.05f));
+  Buffer wv(MemorySpace::device, kN1 * kK1), wsc(MemorySpace::device, ((kN1 + 127) / 128) * (kK1 / 128) * sizeof(float));
+  const Buffer x = to_device(testing::normal_rows_bf16(m, kK1, uint32_t(300 + m)));
+  const int64_t ld = activation_scale_ld(m);
+  Buffer qv(MemorySpace::device, m * kK1), qs(MemorySpace::device, (kK1 / 128) * ld * sizeof(float));
+  Buffer y(MemorySpace::device, m * kN1 * sizeof(bf16));
+  const size_t ws_bytes = sm90::workspace_bytes(cfg, m, kN1, kK1);
+  Buffer ws(MemorySpace::device, std::max<size_t>(ws_bytes, 16));
+  fill_bytes(MemorySpace::device, ws.data(), ws.bytes(), 0);
+  const Fp8ActivationOut q{qv.data<uint8_t>(), qs.data<float>(), m, kK1, ld};
+  const Fp8WeightOut wout{wv.data<uint8_t>(), wsc.data<float>(), kN1, kK1};
+  const QuantOps& ops = quant_ops(MemorySpace::device);
+  // The weight's writer is the kernel right before the GEMM; the activation quantizer before it
+  // triggers early, as in the decode chain.
+  auto step = [&](const Buffer& w, cudaStream_t s) {
+    ops.quantize_activation(x.data<bf16>(), m, kK1, q, s);
+    ops.quantize_weight(w.data<bf16>(), kN1, kK1, wout, s);
+    sm90::run({m, kN1, kK1, qv.data<uint8_t>(), qs.data<float>(), ld, wv.data<uint8_t>(), wsc.data<float>(), y.data()},
+              cfg, ws_bytes ? ws.data() : nullptr, ws_bytes, dev.sm_count, s);
+  };
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  std::vector<bf16> ref[2];
+  {
+    const PdlOverride off(false);
+    for (int i = 0; i < 2; ++i) {
+      step(i == 0 ? wa : wb, stream);
+      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      ref[i] = to_host<bf16>(y.data(), m * kN1);
+    }
+  }
+  ASSERT_NE(0, std::memcmp(ref[0].data(), ref[1].data(), ref[0].size() * sizeof(bf16))) << "the two weights must differ";
+  const PdlOverride on(true);
+  for (int rep = 0; rep < 8; ++rep) {
+    step(rep % 2 == 0 ? wa : wb, stream);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    const std::vector<bf16> got = to_host<bf16>(y.data(), m * kN1);
+    EXPECT_EQ(0, std::memcmp(got.data(), ref[rep % 2].data(), got.size() * sizeof(bf16)))
+        << "PDL on, eager, repetition " << rep << ": not the output of the weight written just before";
+  }
+  // Graph replay: both rewrites and both GEMMs in one graph, replayed back to back.
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  Buffer y_mid(MemorySpace::device, m * kN1 * sizeof(bf16));
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  step(wa, stream);
+  const cudaError_t copy_rc = cudaMemcpyAsync(y_mid.data(), y.data(), y.bytes(), cudaMemcpyDeviceToDevice, stream);
+  step(wb, stream);
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  ASSERT_EQ(copy_rc, cudaSuccess);
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (int rep = 0; rep < 4; ++rep) ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  EXPECT_EQ(0, std::memcmp(to_host<bf16>(y_mid.data(), m * kN1).data(), ref[0].data(), ref[0].size() * sizeof(bf16)))
+      << "graph replay: the first GEMM did not read the weight written just before";
+  EXPECT_EQ(0, std::memcmp(to_host<bf16>(y.data(), m * kN1).data(), ref[1].data(), ref[1].size() * sizeof(bf16)))
+      << "graph replay: the second GEMM did not read the weight written just before";
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
 std::string case_name(const ::testing::TestParamInfo<std::tuple<int64_t, Variant>>& info) {
   return "M" + std::to_string(std::get<0>(info.param)) + "_" + name_of(std::get<1>(info.param));
 }
@@ -210,6 +291,12 @@ INSTANTIATE_TEST_SUITE_P(DecodeChain, PdlChainGpu,
                          ::testing::Combine(::testing::Values(int64_t{1}, int64_t{16}, int64_t{64}, int64_t{777}),
                                             ::testing::Values(Variant::swapab, Variant::swapab_split,
                                                               Variant::gemm1d2d, Variant::gemm1d2d_cluster)),
+                         case_name);
+
+INSTANTIATE_TEST_SUITE_P(WeightRewrite, PdlWeightRewriteGpu,
+                         ::testing::Combine(::testing::Values(int64_t{1}, int64_t{64}, int64_t{777}),
+                                            ::testing::Values(Variant::swapab, Variant::swapab_split,
+                                                              Variant::gemm1d2d)),
                          case_name);
 
 }  // namespace

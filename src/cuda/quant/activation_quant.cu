@@ -29,6 +29,7 @@
 // Traffic: 2MK read + MK + MK/32 written; the bandwidth test in tests/gpu compares it with a
 // device-to-device copy of the same number of bytes (target >= 75%).
 #include "core/cuda_check.hpp"
+#include "fp8proj/device.hpp"
 #include "cuda/common/launch.hpp"
 #include "cuda/common/pdl.cuh"
 #include "cuda/quant/fp8_group_quant.cuh"
@@ -53,7 +54,7 @@ static_assert(kGroupsPerTile * kTileRows <= kThreads, "one thread per scale in t
 template <ScaleMode kMode>
 __global__ void __launch_bounds__(kThreads)
     activation_quant_kernel(const bf16* __restrict__ x, int64_t m, int64_t k, uint8_t* __restrict__ q,
-                            float* __restrict__ scales, int64_t ld) {
+                            float* __restrict__ scales, int64_t ld, bool release_early) {
   // +1 column: the 4 writer lanes of a warp (one per group, same row) land in different banks.
   __shared__ float tile_scales[kGroupsPerTile][kTileRows + 1];
 
@@ -61,7 +62,8 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t row0 = int64_t{blockIdx.y} * kTileRows;
   const int64_t col = int64_t{blockIdx.x} * kTileCols + lane * kValuesPerLane;
   const bool col_ok = col < k;  // the same for the 8 lanes of a group: k % 128 == 0
-  pdl_wait_then_release();      // x comes from the kernel before (cuda/common/pdl.cuh)
+  pdl_wait();                   // x comes from the kernel before (cuda/common/pdl.cuh)
+  if (release_early) pdl_launch_dependents();
 
   uint32_t w[kRowsPerWarp][kWordsPerLane];
 #pragma unroll
@@ -96,6 +98,7 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t row = row0 + r;
     if (group < k / kScaleBlock && row < round_up(m, 4)) scales[group * ld + row] = row < m ? tile_scales[g][r] : 1.0f;
   }
+  pdl_launch_dependents();  // where release_early did not already (the first call counts)
 }
 
 }  // namespace
@@ -105,10 +108,21 @@ void launch_activation_quant(const bf16* x, int64_t m, int64_t k, const Fp8Activ
   if (m == 0) return;
   const dim3 grid(static_cast<unsigned>(ceil_div(k, kTileCols)), static_cast<unsigned>(ceil_div(m, kTileRows)));
   const LaunchShape shape{grid, dim3(kThreads), 0, stream};
+  // Under programmatic dependent launch (FP8PROJ_PDL=1) the kernel after this one -- a GEMM whose
+  // CTAs take a whole SM each -- may start on the SMs this grid leaves free as soon as this grid
+  // releases it. Released right after the wait, a grid holding many SMs split the GEMM's start:
+  // DeepSeek-V3 o_proj TP 1 at M = 33-64 (64 quantizer CTAs, 112 GEMM CTAs) took 56 instead of
+  // 42 us with PDL, the decode step 7.5% more time; released at the end instead, every decode
+  // step measured took less time with PDL than without, but those behind small grids (TP 8)
+  // 2-8% more than with the early release (bench/results/decode/pdl-trigger/). So: early where
+  // this grid holds at most a quarter of the SMs, else at the end.
+  const bool release_early = static_cast<int64_t>(grid.x) * grid.y * 4 <= current_device().sm_count;
   if (mode == ScaleMode::ue8m0)
-    launch_kernel(shape, activation_quant_kernel<ScaleMode::ue8m0>, x, m, k, out.values, out.scales, out.scale_ld);
+    launch_kernel(shape, activation_quant_kernel<ScaleMode::ue8m0>, x, m, k, out.values, out.scales, out.scale_ld,
+                  release_early);
   else
-    launch_kernel(shape, activation_quant_kernel<ScaleMode::fp32>, x, m, k, out.values, out.scales, out.scale_ld);
+    launch_kernel(shape, activation_quant_kernel<ScaleMode::fp32>, x, m, k, out.values, out.scales, out.scale_ld,
+                  release_early);
 }
 
 }  // namespace fp8proj::gpu

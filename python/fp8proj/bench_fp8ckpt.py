@@ -302,13 +302,16 @@ def _dequant_x_deepgemm(x, cast):
 
 # ---- the benchmark ----------------------------------------------------------------------------------
 
-def _projection_point(model, lins_bf16, mos, mds, cast, kind, m, reps, warmup, flush, device="cuda") -> dict:
+def _projection_point(model, lins_bf16, mos, mds, cast, kind, m, reps, warmup, flush, device="cuda",
+                      alt=None) -> dict:
     """One row: the modules of `mos` (fp8proj), `lins_bf16` and `mds` (DeepGEMM, or None) called one
     after another on one input of m rows, timed together. One module: it alone, its activation
     quantization included. q_a_proj and kv_a_proj_with_mqa together: the attention's pattern, where
-    fp8proj's modules share one quantization (patch()'s SharedActivation) and DeepGEMM's wrapper
-    casts twice, as transformers' path does. Each output against the fp32 product of its own
-    dequantized operands; the row gets the largest error of its modules."""
+    fp8proj's modules run one fused GEMM (patch()'s FusedPair) or share one quantization
+    (SharedActivation) and DeepGEMM's wrapper casts twice, as transformers' path does. alt: the
+    same pair as a SharedActivation (two GEMMs), timed in the same rounds beside the fused one.
+    Each output against the fp32 product of its own dequantized operands; the row gets the largest
+    error of its modules."""
     kk = mos[0].in_features
     x = torch.randn(m, kk, dtype=BF16, device=device)
     use_dg, dg_err = mds, ""
@@ -323,6 +326,8 @@ def _projection_point(model, lins_bf16, mos, mds, cast, kind, m, reps, warmup, f
         return lambda: [f(x) for f in mods]
 
     fns = [calls(lins_bf16), calls(mos)] + ([calls(use_dg)] if use_dg is not None else [])
+    if alt is not None:
+        fns.append(calls(alt))
     outs = [f() for f in fns]  # also the first calls: plans
     if x.is_cuda:
         torch.cuda.synchronize()
@@ -331,7 +336,9 @@ def _projection_point(model, lins_bf16, mos, mds, cast, kind, m, reps, warmup, f
     w_refs = [_dequant_w(mo.weight, mo._scales()).t() for mo in mos]
     xo = _dequant_x_ours(x[:r_])
     err_ours = max(_rel(y[:r_], xo @ w) for y, w in zip(outs[1], w_refs))
-    err_dg = ours_vs_dg = None
+    err_dg = ours_vs_dg = err_alt = None
+    if alt is not None:
+        err_alt = max(_rel(y[:r_], xo @ w) for y, w in zip(outs[-1], w_refs))
     if use_dg is not None:
         xd = _dequant_x_deepgemm(x[:r_], cast)
         err_dg = max(_rel(y[:r_], xd @ w) for y, w in zip(outs[2], w_refs))
@@ -339,25 +346,32 @@ def _projection_point(model, lins_bf16, mos, mds, cast, kind, m, reps, warmup, f
     del outs, w_refs, xo
     t = time_rounds(fns, reps, warmup, flush, delay_us=1000 + 0.05 * m * len(mos))
     shared = [mo.shared_activation for mo in mos]
+    fused = [mo.fused_pair for mo in mos]
     pair = len(mos) > 1
     if pair:
-        g = shared[0]
+        g, f = shared[0], fused[0]
         sharing = g is not None and all(s is g for s in shared)
-        note = ("both on one input as the attention calls them: fp8proj quantizes it " +
-                ("once (shared)" if sharing else "twice (not shared)") + "; bf16 two matmuls; DeepGEMM two casts")
+        fusing = f is not None and all(x is f for x in fused) and f.intact()
+        how = ("one fused GEMM over both weights after one quantization (fused)" if fusing else
+               "quantizes it once (shared), two GEMMs" if sharing else "quantizes it twice (not shared)")
+        note = (f"both on one input as the attention calls them: fp8proj {how}; bf16 two matmuls; DeepGEMM two "
+                "casts" + ("; fp8proj_shared_us: the same pair unfused, quantization shared" if alt else ""))
     else:
         note = "one module alone: its own activation quantization included"
-    for g in {id(s): s for s in shared if s is not None}.values():
+    for g in {id(s): s for s in shared + fused + [a.shared_activation for a in alt or []] if s is not None}.values():
         g.clear()  # the timed input: nothing to keep after the row
     short = "+".join(mo.name.split(".layers.0.")[1] if i == 0 else mo.name.rsplit(".", 1)[1]
                      for i, mo in enumerate(mos))
     row = dict(model=model, projection=short, n="+".join(str(mo.out_features) for mo in mos) if pair else
                mos[0].out_features, k=kk, kind=kind, m=m, pair=pair, note=note,
                bf16_us=round(t[0] * 1e3, 2), fp8proj_us=round(t[1] * 1e3, 2), speedup_vs_bf16=round(t[0] / t[1], 4),
+               fp8proj_shared_us=round(t[-1] * 1e3, 2) if alt is not None else None,
+               fused_over_shared=round(t[-1] / t[1], 4) if alt is not None else None,
                deepgemm_us=round(t[2] * 1e3, 2) if use_dg is not None else None,
                speedup_vs_deepgemm=round(t[2] / t[1], 4) if use_dg is not None else None,
                deepgemm_error=dg_err,
                fp8proj_err_vs_dequant=float(f"{err_ours:.3e}"),
+               fp8proj_shared_err_vs_dequant=None if err_alt is None else float(f"{err_alt:.3e}"),
                deepgemm_err_vs_dequant=None if err_dg is None else float(f"{err_dg:.3e}"),
                fp8proj_vs_deepgemm=None if ours_vs_dg is None else float(f"{ours_vs_dg:.3e}"),
                within_tolerance=err_ours <= 2e-3, explain=" | ".join(mo.explain(m) for mo in mos))
@@ -368,7 +382,7 @@ def _projection_point(model, lins_bf16, mos, mds, cast, kind, m, reps, warmup, f
 @torch.no_grad()
 def bench_model(name, cfg, ckpt: Path, chunks, decode, reps, warmup, log=print, dg_prewarm: int = 0):
     import transformers
-    from fp8proj.fp8_linear import Fp8CheckpointLinear
+    from fp8proj.fp8_linear import Fp8CheckpointLinear, SharedActivation
     from fp8proj.integrations.transformers import ALL_FP8_LINEARS, patch
 
     t0 = time.time()
@@ -412,21 +426,36 @@ def bench_model(name, cfg, ckpt: Path, chunks, decode, reps, warmup, log=print, 
 
     # -- every distinct FP8 linear of layer 0 alone, then the pair that reads one input -------------------
     layer0 = [n for n in fp8_names if ".layers.0." in n]
-    groups = [[n] for n in layer0]
     pair = [n for end in (".self_attn.q_a_proj", ".self_attn.kv_a_proj_with_mqa") for n in layer0 if n.endswith(end)]
+    pair_fused = len(pair) == 2 and ours[pair[0]].fused_pair is not None
+    # A fused pair's member alone would run the pair's GEMM: the pair is timed as the attention calls it.
+    groups = [[n] for n in layer0 if not (pair_fused and n in pair)]
+    alt = None
     if len(pair) == 2:
-        groups.append(pair)  # as the attention calls them: both on one input, one quantization in fp8proj
+        groups.append(pair)  # as the attention calls them: both on one input
+        if pair_fused:  # the same two weights unfused (shared quantization, two GEMMs), same rounds
+            alt = [Fp8CheckpointLinear(originals[n], name=n + " (unfused)") for n in pair]
+            group = SharedActivation()
+            for a in alt:
+                group.add(a)
+            for a in alt:
+                a.prepare(max_tokens)
+            log(f"[fp8ckpt] {name}: q_a_proj and kv_a_proj_with_mqa fused (one GEMM, N={ours[pair[0]].fused_pair.weight.shape[0]}): "
+                "timed as the pair, beside the same pair unfused")
     for names in groups:
         for kind, ms in (("prefill", [c * 1024 for c in chunks]), ("decode", list(decode))):
             for m in ms:
                 row = _projection_point(name, [bf16.get_submodule(n) for n in names], [ours[n] for n in names],
-                                        [dg[n] for n in names] if dg else None, cast, kind, m, reps, warmup, flush)
+                                        [dg[n] for n in names] if dg else None, cast, kind, m, reps, warmup, flush,
+                                        alt=alt if names == pair else None)
                 proj_rows.append(row)
                 log(f"[fp8ckpt] {name} {row['projection']} {row['n']}x{row['k']} {kind} M={m}: bf16 "
                     f"{row['bf16_us']:.1f} us, fp8proj {row['fp8proj_us']:.1f} us ({row['speedup_vs_bf16']:.3f}x)" +
                     (f", deepgemm {row['deepgemm_us']:.1f} us ({row['speedup_vs_deepgemm']:.3f}x)"
                      if row["deepgemm_us"] is not None else
                      f", deepgemm: {row['deepgemm_error']}" if row["deepgemm_error"] else "") +
+                    (f", unfused {row['fp8proj_shared_us']:.1f} us (fused {row['fused_over_shared']:.3f}x)"
+                     if row["fp8proj_shared_us"] is not None else "") +
                     f"; err {row['fp8proj_err_vs_dequant']:.2e}")
         torch.cuda.empty_cache()
 
@@ -593,39 +622,50 @@ def summarize(proj_rows, model_rows, memories) -> list:
                   f"{m['fp8proj_taken']}/{m['fp8_linears']} | {m['deepgemm']} |")
     singles = [r for r in proj_rows if not r.get("pair")]
     pairs = [r for r in proj_rows if r.get("pair")]
+    members = {m for r in pairs for m in _pair_members(r["projection"])}
+    # What the attention calls: each projection alone, except the pair's members, counted as their pair.
+    called = [r for r in singles if r["projection"].rsplit(".", 1)[-1] not in members] + pairs
     if pairs:
         md += ["", "A single projection's row times that module alone, its own activation quantization included. "
-               "The q_a_proj+kv_a_proj_with_mqa rows call both on one input, as the attention does: fp8proj "
-               "quantizes it once for both (patch()'s shared activation), bf16 runs two matmuls, DeepGEMM's "
-               "wrapper casts twice."]
-    big = [r for r in singles if r["m"] >= 1024]
-    if singles:
+               "The q_a_proj+kv_a_proj_with_mqa rows call both on one input, as the attention does: fp8proj runs "
+               "one quantization and one GEMM over both weights laid end to end (patch()'s fused pair; where the "
+               "rows have an unfused column, the same two modules with one shared quantization and two GEMMs, "
+               "same rounds), bf16 runs two matmuls, DeepGEMM's wrapper casts twice. A fused pair's members are "
+               "not timed alone (either one called alone runs the pair's GEMM)."]
+    if called:
         md += ["", "Bars (every taken projection >= 1.6x bf16 at M >= 1024 and never below 1.0; DeepGEMM geo-mean "
                ">= 1.05x; outputs within 2e-3 of the dequantized product):", ""]
+    alone_members = [r for r in singles if r["projection"].rsplit(".", 1)[-1] in members]
+    if alone_members:
+        big = [r for r in singles if r["m"] >= 1024]
         lo_big = min((r["speedup_vs_bf16"] for r in big), default=float("nan"))
         lo_all = min(r["speedup_vs_bf16"] for r in singles)
-        md.append(f"- lowest fp8proj / bf16 at M >= 1024: {lo_big:.3f}x ({'met' if lo_big >= 1.6 else 'MISSED'}); "
-                  f"lowest anywhere: {lo_all:.3f}x ({'met' if lo_all >= 1.0 else 'MISSED'})")
-        dgs = [r["speedup_vs_deepgemm"] for r in singles if r["speedup_vs_deepgemm"]]
-        if dgs:
-            gm = math.exp(sum(math.log(v) for v in dgs) / len(dgs))
-            md.append(f"- DeepGEMM time / fp8proj time, geometric mean over {len(dgs)} points: {gm:.3f}x "
-                      f"({'met' if gm >= 1.05 else 'MISSED'}); lowest {min(dgs):.3f}x")
-    if pairs:
-        members = {m for r in pairs for m in _pair_members(r["projection"])}
-        called = [r for r in singles if r["projection"].rsplit(".", 1)[-1] not in members] + pairs
-        for r in pairs:
-            alone = {m: s["speedup_vs_bf16"] for s in singles for m in _pair_members(r["projection"])
-                     if (s["model"], s["kind"], s["m"]) == (r["model"], r["kind"], r["m"])
-                     and s["projection"].rsplit(".", 1)[-1] == m}
-            md.append(f"- {r['model']} {r['projection']} {r['kind']} M={r['m']}: {r['speedup_vs_bf16']:.3f}x bf16 "
-                      f"(alone: " + ", ".join(f"{m} {v:.3f}x" for m, v in alone.items()) + ")" +
-                      (f"; DeepGEMM / fp8proj {r['speedup_vs_deepgemm']:.3f}x" if r["speedup_vs_deepgemm"] else ""))
+        md.append(f"- every module alone: lowest fp8proj / bf16 at M >= 1024: {lo_big:.3f}x "
+                  f"({'met' if lo_big >= 1.6 else 'MISSED'}); lowest anywhere: {lo_all:.3f}x "
+                  f"({'met' if lo_all >= 1.0 else 'MISSED'})")
+    for r in pairs:
+        alone = {m: s["speedup_vs_bf16"] for s in singles for m in _pair_members(r["projection"])
+                 if (s["model"], s["kind"], s["m"]) == (r["model"], r["kind"], r["m"])
+                 and s["projection"].rsplit(".", 1)[-1] == m}
+        md.append(f"- {r['model']} {r['projection']} {r['kind']} M={r['m']}: {r['speedup_vs_bf16']:.3f}x bf16" +
+                  (" (alone: " + ", ".join(f"{m} {v:.3f}x" for m, v in alone.items()) + ")" if alone else "") +
+                  (f"; fused / unfused {r['fused_over_shared']:.3f}x" if r.get("fused_over_shared") else "") +
+                  (f"; DeepGEMM / fp8proj {r['speedup_vs_deepgemm']:.3f}x" if r["speedup_vs_deepgemm"] else ""))
+    if called:
         lo_big = min((r["speedup_vs_bf16"] for r in called if r["m"] >= 1024), default=float("nan"))
         lo_all = min(r["speedup_vs_bf16"] for r in called)
-        md.append(f"- as the attention calls them (q_a_proj and kv_a_proj_with_mqa counted as their pair): lowest "
-                  f"fp8proj / bf16 at M >= 1024: {lo_big:.3f}x ({'met' if lo_big >= 1.6 else 'MISSED'}); lowest "
-                  f"anywhere: {lo_all:.3f}x ({'met' if lo_all >= 1.0 else 'MISSED'})")
+        md.append(f"- as the attention calls them" + (" (q_a_proj and kv_a_proj_with_mqa counted as their pair)"
+                                                       if pairs else "") +
+                  f": lowest fp8proj / bf16 at M >= 1024: {lo_big:.3f}x ({'met' if lo_big >= 1.6 else 'MISSED'}); "
+                  f"lowest anywhere: {lo_all:.3f}x ({'met' if lo_all >= 1.0 else 'MISSED'})")
+        under = sorted({r["projection"] for r in called if r["m"] >= 1024 and r["speedup_vs_bf16"] < 1.6})
+        if under:
+            md.append("- below 1.6x at M >= 1024: " + ", ".join(under))
+        dgs = [r["speedup_vs_deepgemm"] for r in called if r["speedup_vs_deepgemm"]]
+        if dgs:
+            gm = math.exp(sum(math.log(v) for v in dgs) / len(dgs))
+            md.append(f"- DeepGEMM time / fp8proj time, geometric mean over {len(dgs)} points as the attention "
+                      f"calls them: {gm:.3f}x ({'met' if gm >= 1.05 else 'MISSED'}); lowest {min(dgs):.3f}x")
     if proj_rows:
         bad = [r for r in proj_rows if not r["within_tolerance"]]
         md.append(f"- fp8proj outputs within 2e-3 of the dequantized product: {len(proj_rows) - len(bad)}/{len(proj_rows)}")

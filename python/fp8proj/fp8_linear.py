@@ -31,7 +31,10 @@ dequantized per call and an fp32 product, slow but it runs, said once in the log
 
 Modules that read one input (q_a_proj and kv_a_proj_with_mqa of an MLA attention: both project
 the hidden states) can hold one SharedActivation: the first one called quantizes the input, the
-other reuses those codes and scales (see SharedActivation for when it may).
+other reuses those codes and scales (see SharedActivation for when it may). Better, where their
+weights can be laid end to end (fuse_pair_skip_reason), they hold one FusedPair: their weights
+and scales become row ranges of one buffer (no extra memory), the first one called runs one
+quantization and one GEMM over both, the other takes its columns of that output.
 """
 from __future__ import annotations
 
@@ -48,7 +51,7 @@ from .ops import _ceil4, _version
 __all__ = ["Fp8CheckpointLinear", "fp8_linear_class", "fp8_linear_skip_reason", "is_fp8_checkpoint_module",
            "quantize_activation_float_reference", "quantize_activation_reference", "dequantize_weight",
            "block_fp8_skip_reason", "activation_scale_format", "block_fp8_linear", "block_fp8_linear_reference",
-           "scales_as_fp32", "SharedActivation"]
+           "scales_as_fp32", "SharedActivation", "FusedPair", "fuse_pair", "fuse_pair_skip_reason"]
 
 log = logging.getLogger("fp8proj")
 _E4M3 = torch.float8_e4m3fn
@@ -249,7 +252,65 @@ def _capturing_graph():
     return graph if graph is not None else False
 
 
-class SharedActivation:
+class _OneInputGroup:
+    """Modules that read one input, handing one call's result on to the others (SharedActivation,
+    FusedPair). The entry rule is the same for both; see SharedActivation's doc."""
+
+    def __init__(self):
+        self.members: List[str] = []
+        self._entry = None  # (input, its version, key, payload, members still to use it)
+        self.hits = 0       # host-side counts, to check that sharing happens (the tests read them)
+        self.quantizations = 0
+
+    @property
+    def holding(self) -> bool:
+        """True while an input and its result are kept for a member still to come."""
+        return self._entry is not None
+
+    def clear(self) -> None:
+        self._entry = None
+
+    def take(self, member: str, x: torch.Tensor, key: tuple):
+        """The payload kept for x for `member` where the rule allows, else None -- then the entry is
+        dropped before the caller computes (its memory is free for that) and the caller gives its
+        result to keep()."""
+        e = self._entry
+        if e is not None and e[0] is x and e[2] == key and member in e[4]:
+            ver = _version(x)
+            if ver >= 0 and ver == e[1]:
+                e[4].discard(member)
+                if not e[4]:
+                    self._entry = None
+                self.hits += 1
+                return e[3]
+        self._entry = None
+        return None
+
+    def keep(self, member: str, x: torch.Tensor, key: tuple, payload) -> None:
+        """Keep member's fresh result on x for the other members."""
+        self.quantizations += 1
+        ver = _version(x)
+        pending = {m for m in self.members if m != member}
+        self._entry = (x, ver, key, payload, pending) if ver >= 0 and pending else None
+
+
+def _group_key(x: torch.Tensor, kernel: bool, k: int):
+    """The key under which a group's entry may be used (see SharedActivation), or None where
+    nothing may be shared (a capture whose graph this torch cannot name)."""
+    stream = torch.cuda.current_stream(x.device).cuda_stream if x.is_cuda else None
+    capture = _capturing_graph() if x.is_cuda else None
+    if capture is False:
+        return None
+    return ("float", "kernel" if kernel else "torch", stream, capture, k)
+
+
+def _sharing_allowed(x: torch.Tensor) -> bool:
+    """Host-side sharing is bypassed under torch.compile (Dynamo does not trace it) and for calls
+    that record autograd."""
+    return not (torch.compiler.is_compiling() or (torch.is_grad_enabled() and x.requires_grad))
+
+
+class SharedActivation(_OneInputGroup):
     """One activation quantization for several Fp8CheckpointLinear modules that read one input.
 
     In an MLA attention q_a_proj and kv_a_proj_with_mqa both project the hidden states. Each
@@ -275,52 +336,159 @@ class SharedActivation:
     records autograd. The hit path only compares Python objects and ints: nothing synchronizes or
     allocates, so a manual CUDA graph capture records one quantization and the members' GEMMs."""
 
-    def __init__(self):
-        self.members: List[str] = []
-        self._entry = None  # (input, its version, key, (codes, scales), members still to use it)
-        self.hits = 0       # host-side counts, to check that sharing happens (the tests read them)
-        self.quantizations = 0
-
     def add(self, module: "Fp8CheckpointLinear") -> None:
         """Make `module` a member (it then asks this group before quantizing)."""
         if module.shared_activation is not None and module.shared_activation is not self:
             raise ValueError(f"fp8proj: {module.name} already shares its activation with "
                              f"{module.shared_activation.members}")
+        if module.fused_pair is not None:
+            raise ValueError(f"fp8proj: {module.name} is already fused with {module.fused_pair.members}")
         if module.name in self.members:
             raise ValueError(f"fp8proj: {module.name} is already a member of this SharedActivation")
         self.members.append(module.name)
         module.shared_activation = self
 
-    @property
-    def holding(self) -> bool:
-        """True while an input and its quantization are kept for a member still to come."""
-        return self._entry is not None
 
-    def clear(self) -> None:
-        self._entry = None
+def fuse_pair_skip_reason(a: "Fp8CheckpointLinear", b: "Fp8CheckpointLinear") -> str:
+    """"" when the two modules' weights can be laid end to end as one GEMM's weight, else why not:
+    one K, one device, one scale dtype, no bias, the first one's rows a whole number of 128-row
+    scale blocks (so that each scale block stays one module's) whose scales end on a 16-byte
+    boundary (true for every K that is a multiple of 512: DeepSeek-V3's 7168, GLM-5's 6144),
+    neither grouped already."""
+    for m in (a, b):
+        if m.shared_activation is not None or m.fused_pair is not None:
+            return f"{m.name} is already grouped"
+        if m.bias is not None:
+            return f"{m.name} has a bias"
+    if a.in_features != b.in_features:
+        return f"in_features {a.in_features} and {b.in_features} differ"
+    if a.weight.device != b.weight.device:
+        return f"weights on {a.weight.device} and {b.weight.device}"
+    if a.weight_scale_inv.dtype != b.weight_scale_inv.dtype:
+        return f"weight_scale_inv {a.weight_scale_inv.dtype} and {b.weight_scale_inv.dtype} differ"
+    if a.out_features % 128:
+        return (f"{a.name} has {a.out_features} rows, not a multiple of 128: its last scale block would "
+                f"hold rows of {b.name}")
+    row_bytes = -(-a.in_features // 128) * 4
+    if (a.out_features // 128) * row_bytes % 16:
+        # The kernel reads each weight's scales with 16-byte loads; b's own GEMM (a call the pair
+        # cannot share) would start at this offset of the joint scale buffer.
+        return (f"{b.name}'s scales would start {(a.out_features // 128) * row_bytes} bytes into the joint "
+                "buffer, not a multiple of 16 (the kernel's scale alignment)")
+    return ""
+
+
+class FusedPair(_OneInputGroup):
+    """Two Fp8CheckpointLinear modules that read one input, run as one GEMM.
+
+    q_a_proj (N = 1536 or 2048) and kv_a_proj_with_mqa (N = 576) of an MLA attention both project
+    the hidden states. Run apart they cost two activation quantizations (or one, shared) and two
+    GEMMs, the second a narrow one that loses to bf16 (N = 576: 0.7-0.95x). Laid end to end they
+    are one [N1 + N2, K] weight, the shape of fp8proj's fused_qkv_a: fuse_pair() copies both
+    weights (and their fp32 scales) into one buffer and makes each module's Parameters row ranges
+    of it, so the model holds the same bytes as before (the old buffers are freed; the peak while
+    fusing is one pair's weights more).
+
+    Per call, the first member called with an input quantizes it once and runs one GEMM over both
+    weights; its own columns of the output are its result (a view: row stride N1 + N2), the other
+    member's are kept for it under SharedActivation's rule (the same tensor object, unmodified, on
+    the same stream and capture; each other member once) and handed over when it is called. Where
+    the rule does not allow it (torch.compile, autograd, another input), each member runs its own
+    GEMM on its own rows of the buffer: the same numbers, one GEMM more.
+
+    If a member's weight stops being its range of the buffer (.to() another device, a Parameter
+    replaced), the pair falls apart: each module runs alone from then on and the buffer is let go.
+    unfuse() gives each module its own buffers back (unpatch calls it)."""
+
+    def __init__(self, a: "Fp8CheckpointLinear", b: "Fp8CheckpointLinear"):
+        super().__init__()
+        why = fuse_pair_skip_reason(a, b)
+        if why:
+            raise ValueError(f"fp8proj: cannot fuse {a.name} and {b.name}: {why}")
+        n1, n2, k = a.out_features, b.out_features, a.in_features
+        dev = a.weight.device
+        with torch.no_grad():
+            w = torch.empty((n1 + n2, k), dtype=_E4M3, device=dev)
+            w[:n1].copy_(a.weight)
+            w[n1:].copy_(b.weight)
+            s1, s2 = a._scales(), b._scales()
+            r1, r2 = s1.shape[0], s2.shape[0]
+            s = torch.empty((r1 + r2, s1.shape[1]), dtype=torch.float32, device=dev)
+            s[:r1].copy_(s1)
+            s[r1:].copy_(s2)
+        self.weight, self.scales = w, s
+        self._rows = {a.name: (0, n1, 0, r1), b.name: (n1, n1 + n2, r1, r1 + r2)}
+        self._modules = (a, b)
+        for m in (a, b):
+            lo, hi, slo, shi = self._rows[m.name]
+            m.weight.data = w[lo:hi]
+            if m.scales_fp32 is None:  # fp32 scales: the Parameter itself becomes the range
+                m.weight_scale_inv.data = s[slo:shi]
+            else:  # UE8M0 Parameter untouched; its fp32 widening (what the GEMM reads) is the range
+                m.scales_fp32 = s[slo:shi]
+            self.members.append(m.name)
+            m.fused_pair = self
+
+    def intact(self) -> bool:
+        """True while both members' weights and scales are still their ranges of the buffer."""
+        if self.weight is None:
+            return False
+        for m in self._modules:
+            lo, _, slo, _ = self._rows[m.name]
+            w, sc = m.weight, m._scales()
+            if (w.device != self.weight.device or sc.device != self.scales.device or
+                    w.data_ptr() != self.weight[lo].data_ptr() or sc.data_ptr() != self.scales[slo].data_ptr()):
+                self.weight = self.scales = None  # fallen apart: let the buffer go
+                self.clear()
+                return False
+        return True
+
+    def run(self, member: "Fp8CheckpointLinear", x: torch.Tensor, kernel: bool,
+            bias: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+        """member's output through the pair, or None where the member should run alone."""
+        if not _sharing_allowed(x) or not self.intact():
+            return None
+        key = _group_key(x, kernel, member.in_features)
+        if key is None:
+            self.clear()  # an entry kept outside this capture can never be used in it: free it now
+            return None
+        y = self.take(member.name, x, key)
+        if y is not None:
+            return y
+        fn = block_fp8_linear if kernel else block_fp8_linear_reference
+        y2 = fn(x, self.weight.detach(), self.scales, "float", None)
+        outs = {}
+        for m in self._modules:
+            lo, hi, _, _ = self._rows[m.name]
+            outs[m.name] = y2[..., lo:hi]
+        self.keep(member.name, x, key, {n: o for n, o in outs.items() if n != member.name})
+        return outs[member.name]
 
     def take(self, member: str, x: torch.Tensor, key: tuple):
-        """The kept (codes, scales) of x for `member` where the rule allows (see the class doc),
-        else None -- then the entry is dropped before the caller quantizes (its memory is free
-        for that) and the caller gives its result to keep()."""
-        e = self._entry
-        if e is not None and e[0] is x and e[2] == key and member in e[4]:
-            ver = _version(x)
-            if ver >= 0 and ver == e[1]:
-                e[4].discard(member)
-                if not e[4]:
-                    self._entry = None
-                self.hits += 1
-                return e[3]
-        self._entry = None
-        return None
+        kept = super().take(member, x, key)
+        return None if kept is None else kept[member]
 
-    def keep(self, member: str, x: torch.Tensor, key: tuple, quantized) -> None:
-        """Keep member's fresh quantization of x for the other members."""
-        self.quantizations += 1
-        ver = _version(x)
-        pending = {m for m in self.members if m != member}
-        self._entry = (x, ver, key, quantized, pending) if ver >= 0 and pending else None
+    def unfuse(self) -> None:
+        """Each member's own buffers back (copies of its ranges); the pair is dissolved."""
+        whole = self.intact()
+        for m in self._modules:
+            if m.fused_pair is not self:
+                continue
+            with torch.no_grad():
+                if whole:
+                    m.weight.data = m.weight.data.clone()
+                    if m.scales_fp32 is None:
+                        m.weight_scale_inv.data = m.weight_scale_inv.data.clone()
+                    else:
+                        m.scales_fp32 = m.scales_fp32.clone()
+            m.fused_pair = None
+        self.weight = self.scales = None
+        self.clear()
+
+
+def fuse_pair(a: "Fp8CheckpointLinear", b: "Fp8CheckpointLinear") -> FusedPair:
+    """Fuse two modules that read one input (FusedPair); fuse_pair_skip_reason says when not."""
+    return FusedPair(a, b)
 
 
 class Fp8CheckpointLinear(nn.Module):
@@ -344,6 +512,7 @@ class Fp8CheckpointLinear(nn.Module):
         self._workspace_bytes = 0
         self._fp8, self._why = False, ""
         self.shared_activation: Optional[SharedActivation] = None  # SharedActivation.add sets it
+        self.fused_pair: Optional[FusedPair] = None  # FusedPair sets it
         self.refresh()
 
     # -- state -----------------------------------------------------------------------------------
@@ -377,6 +546,10 @@ class Fp8CheckpointLinear(nn.Module):
             _lib.check_device_fault(self.name)
         # The bias in the output's dtype, as transformers' FP8Linear adds it.
         bias = self.bias.detach() if self.bias is not None else None
+        if self.fused_pair is not None:
+            y = self.fused_pair.run(self, x, kernel, bias)
+            if y is not None:
+                return y
         q = self._activation(x, kernel)
         if kernel:
             return block_fp8_linear(x, self.weight.detach(), self._scales(), "float", bias, quantized=q)
@@ -386,14 +559,12 @@ class Fp8CheckpointLinear(nn.Module):
         """(codes, scales) of x through the shared group, or None: the caller quantizes (no group,
         torch.compile, autograd)."""
         g = self.shared_activation
-        if g is None or torch.compiler.is_compiling() or (torch.is_grad_enabled() and x.requires_grad):
+        if g is None or not _sharing_allowed(x):
             return None
-        stream = torch.cuda.current_stream(x.device).cuda_stream if x.is_cuda else None
-        capture = _capturing_graph() if x.is_cuda else None
-        if capture is False:
+        key = _group_key(x, kernel, self.in_features)
+        if key is None:
             g.clear()  # an entry kept outside this capture can never be used in it: free it now
             return None
-        key = ("float", "kernel" if kernel else "torch", stream, capture, self.in_features)
         q = g.take(self.name, x, key)
         if q is None:
             x2 = _rows(x, self.in_features)
@@ -408,13 +579,14 @@ class Fp8CheckpointLinear(nn.Module):
         return block_fp8_linear_reference(x, self.weight.detach(), self._scales(), "float", bias)
 
     # -- queries ---------------------------------------------------------------------------------
-    def _gemm_handle(self, max_m: int):
-        """A throwaway plan through the C ABI for this weight (what fp8_gemm's cached one runs)."""
+    def _gemm_handle(self, max_m: int, pair: bool = False):
+        """A throwaway plan through the C ABI for this weight, or the fused pair's (what fp8_gemm's
+        cached one runs)."""
+        w, s = (self.fused_pair.weight, self.fused_pair.scales) if pair else (self.weight, self._scales())
         lib = _lib.lib()
         h = ctypes.c_void_p()
-        _lib.check(lib.fp8proj_fp8_gemm_create(self.weight.data_ptr(), self._scales().data_ptr(), self.out_features,
-                                               self.in_features, max(4, _ceil4(max_m)), None, ctypes.byref(h)),
-                   self.name)
+        _lib.check(lib.fp8proj_fp8_gemm_create(w.data_ptr(), s.data_ptr(), int(w.shape[0]), self.in_features,
+                                               max(4, _ceil4(max_m)), None, ctypes.byref(h)), self.name)
         return h.value
 
     def explain(self, m: int) -> str:
@@ -423,14 +595,20 @@ class Fp8CheckpointLinear(nn.Module):
                 "re-quantization); activations 1x128 groups, fp32 scales amax/448")
         if m <= 0:
             return f"M={m}: nothing to run"
-        g = self.shared_activation
+        g, f = self.shared_activation, self.fused_pair
         shared = "" if g is None else (
             "; the input's quantization shared with " + ", ".join(n for n in g.members if n != self.name) +
             " (one quantization when they read the same tensor)")
+        if f is not None:
+            n = f.weight.shape[0] if f.intact() else None
+            others = ", ".join(n_ for n_ in f.members if n_ != self.name)
+            shared = (f"; fused with {others}: one quantization and one GEMM over both weights (N={n}) when "
+                      "they read the same tensor, this module's columns of its output" if n is not None else
+                      f"; was fused with {others}, no longer (its weight moved): runs alone")
         if not self._fp8:
             return f"M={m}: torch (weight dequantized per call, fp32 product) -- {self._why}{shared}"
         lib = _lib.lib()
-        h = self._gemm_handle(m)
+        h = self._gemm_handle(m, pair=f is not None and f.intact())
         try:
             desc = _lib.read_string(lib.fp8proj_fp8_gemm_describe, h, int(m))
         finally:
@@ -443,21 +621,30 @@ class Fp8CheckpointLinear(nn.Module):
         if not self._fp8:
             return
         with torch.no_grad():
-            self.forward(torch.zeros(4, self.in_features, dtype=torch.bfloat16, device=self.weight.device))
-        if self.shared_activation is not None:
-            self.shared_activation.clear()  # the warm-up input: no member will read it
+            z = torch.zeros(4, self.in_features, dtype=torch.bfloat16, device=self.weight.device)
+            self.forward(z)  # a fused pair's GEMM plan
+            if self.fused_pair is not None:  # and this module's own, for calls the pair cannot share
+                block_fp8_linear(z, self.weight.detach(), self._scales())
+        for g in (self.shared_activation, self.fused_pair):
+            if g is not None:
+                g.clear()  # the warm-up input: no member will read it
         lib = _lib.lib()
-        h = self._gemm_handle(max_m)
-        try:
-            b = ctypes.c_size_t()
-            _lib.check(lib.fp8proj_fp8_gemm_workspace_bytes(h, ctypes.byref(b)), self.name)
-            self._workspace_bytes = int(b.value)
-        finally:
-            lib.fp8proj_fp8_gemm_destroy(h)
+        f = self.fused_pair
+        self._workspace_bytes = 0
+        # This module's own plan, and the pair's (counted by its first member).
+        for pair in (False, True) if f is not None and f.intact() and f.members[0] == self.name else (False,):
+            h = self._gemm_handle(max_m, pair=pair)
+            try:
+                b = ctypes.c_size_t()
+                _lib.check(lib.fp8proj_fp8_gemm_workspace_bytes(h, ctypes.byref(b)), self.name)
+                self._workspace_bytes += int(b.value)
+            finally:
+                lib.fp8proj_fp8_gemm_destroy(h)
 
     def memory(self) -> dict:
         """Bytes: the checkpoint's weight and scales (held by the model as before) and what this
-        module adds (fp32 scales for UE8M0 ones, the GEMM plan's workspace)."""
+        module adds (fp32 scales for UE8M0 ones, the GEMM plans' workspaces: its own, and a fused
+        pair's for the pair's first member)."""
         s = self.weight_scale_inv
         extra = (self.scales_fp32.numel() * 4 if self.scales_fp32 is not None else 0) + self._workspace_bytes
         return {"fp8_weight": self.weight.numel() * self.weight.element_size(),
@@ -471,4 +658,5 @@ class Fp8CheckpointLinear(nn.Module):
         return (f"name={self.name!r}, in_features={self.in_features}, out_features={self.out_features}, "
                 f"bias={self.bias is not None}, weight_scale_inv={self.scale_format}, path={path}" +
                 ("" if self.shared_activation is None else
-                 f", shared_activation={self.shared_activation.members}"))
+                 f", shared_activation={self.shared_activation.members}") +
+                ("" if self.fused_pair is None else f", fused_pair={self.fused_pair.members}"))

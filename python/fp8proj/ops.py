@@ -168,6 +168,11 @@ def _version(t: torch.Tensor) -> int:
         return -1
 
 
+def _storage_ref(t: torch.Tensor):
+    """A weak reference to the storage under t: alive while any tensor on that memory is."""
+    return weakref.ref(t.untyped_storage())
+
+
 class _GemmPlans:
     """fp8_gemm's plans, one per FP8 weight. A plan is bound to the weight's buffers when it is
     made (a backend may stage a converted copy of the scales), so it is remade when the tensors
@@ -186,6 +191,8 @@ class _GemmPlans:
         if hit is not None:
             h, max_m, wref, sref, wver, sver = hit
             # Alive, the addresses cannot have been reused; a view of the same buffer is the same weight.
+            # The references are to the storages: a caller passing weight.detach() hands a new
+            # tensor object each call, which dies with the call while its storage lives on.
             if max_m >= m and wref() is not None and sref() is not None and wver == _version(wv) and \
                     sver == _version(ws):
                 return h
@@ -201,7 +208,7 @@ class _GemmPlans:
                 self.retired.append(hit[0])  # the same weight, grown: a graph captured with it stays valid
             else:
                 lib.fp8proj_fp8_gemm_destroy(hit[0])
-        self.plans[key] = (h.value, max_m, weakref.ref(wv), weakref.ref(ws), _version(wv), _version(ws))
+        self.plans[key] = (h.value, max_m, _storage_ref(wv), _storage_ref(ws), _version(wv), _version(ws))
         return h.value
 
 

@@ -126,7 +126,7 @@ def test_summary_states_the_bars():
                 fp8proj_taken=16, fp8_linears=16, deepgemm="deep_gemm 2.6.1")]
     md = "\n".join(summarize(proj, model, mem))
     assert "lowest fp8proj / bf16 at M >= 1024: 2.000x (met)" in md and "lowest anywhere: 1.100x (met)" in md
-    assert "geometric mean over 2 points: 1.100x (met)" in md and "2/2" in md
+    assert "geometric mean over 2 points as the attention calls them: 1.100x (met)" in md and "2/2" in md
 
 
 def test_bench_without_gpu_says_why():
@@ -152,7 +152,7 @@ def test_pair_row_calls_both_on_one_input_and_shares(monkeypatch):
     model, _ = fp8_model("float")
     from transformers.integrations.finegrained_fp8 import FP8Linear
     originals = {n: m for n, m in model.named_modules() if isinstance(m, FP8Linear)}
-    report = patch(model, targets=ALL_FP8_LINEARS)
+    report = patch(model, targets=ALL_FP8_LINEARS, fuse_pair=False)
     assert len(report.shared) == 2
     names = ["model.layers.0.self_attn.q_a_proj", "model.layers.0.self_attn.kv_a_proj_with_mqa"]
     mos = [model.get_submodule(n) for n in names]
@@ -222,3 +222,59 @@ def test_summary_reports_the_pair_beside_its_modules():
             "kv_a_proj_with_mqa 0.790x)") in md
     assert "counted as their pair): lowest fp8proj / bf16 at M >= 1024: 1.650x (met)" in md
     assert "own activation quantization included" in md and "4/4" in md
+    # A fused pair: its members are not timed alone; the pair row says fused against unfused.
+    fused = dict(row("self_attn.q_a_proj+kv_a_proj_with_mqa", "2048+576", 4096, 1.8, pair=True),
+                 fused_over_shared=1.25)
+    md = "\n".join(summarize([proj[2], fused], [], []))
+    assert "every module alone" not in md
+    assert "glm5 self_attn.q_a_proj+kv_a_proj_with_mqa prefill M=4096: 1.800x bf16; fused / unfused 1.250x" in md
+    assert "counted as their pair): lowest fp8proj / bf16 at M >= 1024: 1.700x (met)" in md
+
+
+def test_fused_pair_row_times_the_pair_beside_it_unfused(monkeypatch):
+    """patch()'s default fuses the pair: the row runs one quantization and one GEMM per call for
+    fp8proj and, in the same rounds, the same two weights as an unfused pair (shared quantization,
+    two GEMMs); both outputs are checked against the dequantized product."""
+    from fp8proj import bench_fp8ckpt as b
+    from fp8proj import fp8_linear
+    from fp8proj.fp8_linear import Fp8CheckpointLinear, SharedActivation
+    from fp8proj.integrations.transformers import ALL_FP8_LINEARS, patch
+    from transformers.integrations.finegrained_fp8 import FP8Linear
+
+    from test_fp8_checkpoint import fp8_model
+
+    model, _ = fp8_model("float", hidden_size=512)  # K = 512: a pair patch() fuses
+    originals = {n: m for n, m in model.named_modules() if isinstance(m, FP8Linear)}
+    patch(model, targets=ALL_FP8_LINEARS)
+    names = ["model.layers.0.self_attn.q_a_proj", "model.layers.0.self_attn.kv_a_proj_with_mqa"]
+    mos = [model.get_submodule(n) for n in names]
+    assert mos[0].fused_pair is mos[1].fused_pair is not None
+    alt = [Fp8CheckpointLinear(originals[n], name=n + " (unfused)") for n in names]
+    group = SharedActivation()
+    for a in alt:
+        group.add(a)
+    lins = [torch.nn.Linear(m.in_features, m.out_features, bias=False).to(torch.bfloat16) for m in mos]
+    for lin, mo in zip(lins, mos):
+        with torch.no_grad():
+            lin.weight.copy_(b._dequant_w(mo.weight, mo._scales()).to(torch.bfloat16))
+    quantized = []
+    real = fp8_linear.quantize_activation_reference
+    monkeypatch.setattr(fp8_linear, "quantize_activation_reference",
+                        lambda x2, fmt="float": quantized.append(1) or real(x2, fmt))
+
+    def deq_ours(x):
+        q, s = real(x, "float")
+        return q.float() * s.repeat_interleave(128, 1)
+
+    monkeypatch.setattr(b, "_dequant_x_ours", deq_ours)
+    monkeypatch.setattr(b, "time_rounds", lambda fns, reps, warmup, flush=None, delay_us=0.0:
+                        [f() for _ in range(reps) for f in fns] and [2.0, 1.0, 1.25][:len(fns)])
+    with torch.no_grad():
+        row = b._projection_point("tiny", lins, mos, None, None, "prefill", 64, 3, 0, None, device="cpu", alt=alt)
+    # First calls + 3 timed rounds: one quantization per call of the fused pair and of the unfused
+    # one (shared), none for the reference (made by deq_ours through `real`, not counted).
+    assert len(quantized) == 2 * 4
+    assert "one fused GEMM over both weights" in row["note"] and row["fused_over_shared"] == 1.25
+    assert row["fp8proj_shared_us"] == 1250.0 and row["speedup_vs_bf16"] == 2.0
+    assert row["within_tolerance"] and 0 < row["fp8proj_shared_err_vs_dequant"] <= 2e-3
+    assert not mos[0].fused_pair.holding and not group.holding

@@ -52,14 +52,16 @@ def quantize_like_transformers(w: torch.Tensor, scale_fmt: str):
     return q.contiguous(), (inv.to(torch.float8_e8m0fnu) if scale_fmt == "ue8m0" else inv)
 
 
-def fp8_model(scale_fmt="float", moe=False):
+def fp8_model(scale_fmt="float", moe=False, **cfg):
     """A tiny DeepseekV3 with its linear layers replaced by transformers' FP8Linear (and FP8Experts
-    with moe), holding the transformers-quantized bf16 weights; lm_head stays bf16."""
+    with moe), holding the transformers-quantized bf16 weights; lm_head stays bf16. cfg: changes to
+    tiny_deepseek_v3_config."""
     from transformers import DeepseekV3ForCausalLM, FineGrainedFP8Config
     from transformers.integrations.finegrained_fp8 import replace_with_fp8_linear
 
     torch.manual_seed(0)
-    model = DeepseekV3ForCausalLM(tiny_deepseek_v3_config(first_k_dense_replace=1 if moe else 8)).to(BF16).eval()
+    cfg.setdefault("first_k_dense_replace", 1 if moe else 8)
+    model = DeepseekV3ForCausalLM(tiny_deepseek_v3_config(**cfg)).to(BF16).eval()
     bf16 = {k: v.clone() for k, v in model.state_dict().items()}
     qcfg = FineGrainedFP8Config(weight_block_size=[128, 128], scale_fmt=scale_fmt, modules_to_not_convert=["lm_head"])
     replace_with_fp8_linear(model, modules_to_not_convert=["lm_head"], quantization_config=qcfg, pre_quantized=True)

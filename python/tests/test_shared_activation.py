@@ -232,9 +232,9 @@ def test_patch_shares_the_pair_and_changes_no_bit(count_quantizations):
     per_forward = len(count_quantizations)
     assert per_forward == 16  # every FP8 layer quantizes its input
     assert unpatch(model) == 16
-    report = patch(model, targets=ALL_FP8_LINEARS)
+    report = patch(model, targets=ALL_FP8_LINEARS, fuse_pair=False)
     assert report.shared == [f"model.layers.{i}.self_attn: q_a_proj + kv_a_proj_with_mqa share one activation "
-                             "quantization (both read hidden_states)" for i in range(2)]
+                             "quantization (both read hidden_states; not fused: fuse_pair=False)" for i in range(2)]
     assert report.unshared == []
     assert "shared model.layers.1.self_attn: q_a_proj + kv_a_proj_with_mqa" in str(report)
     attn = model.model.layers[0].self_attn

@@ -38,7 +38,13 @@ def main():
         assert "stopped by its time limit" in row and row.count("clean") == 2, row
         row = next(l for l in md.splitlines() if l.startswith("| `swapab_m16n64_ws2_st14`"))
         assert "clean" not in row.split("|")[5] and "3" in row, row
-    print("sanitize_matrix: resume and from-logs ok")
+    # Past --print-limit the tool prints a second summary line: part of the first count, not more.
+    out = ("========= ERROR SUMMARY: 599169 errors\n"
+           "========= ERROR SUMMARY: 598969 errors were not printed. Use --print-limit option to adjust\n"
+           "[  PASSED  ] 5 tests.\n")
+    assert sm.verdict("initcheck", out, 0) == (False, "599169 errors; [  PASSED  ] 5 test"), sm.verdict("initcheck", out, 0)
+    assert sm.verdict("memcheck", "========= ERROR SUMMARY: 1 error\n", 9) == (False, "1 errors; rc 9")
+    print("sanitize_matrix: resume, from-logs and summary counts ok")
 
 
 if __name__ == "__main__":

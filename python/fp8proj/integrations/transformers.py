@@ -29,7 +29,12 @@ Where an attention's q_a_proj and kv_a_proj_with_mqa are both FP8 checkpoint lay
 fp8proj and its forward calls both on one variable (DeepSeek-V3, GLM-5: `self.q_a_proj(
 hidden_states)` ... `self.kv_a_proj_with_mqa(hidden_states)`), the two hold one SharedActivation:
 the input is quantized once for both (report.shared; report.unshared says where not and why;
-share_inputs=False turns it off).
+share_inputs=False turns it off). Where their weights can also be laid end to end (one K, no
+bias, q_a_proj's rows whole 128-row blocks: every DeepSeek-V3 and GLM-5 checkpoint), they become
+one FusedPair instead: both weights (and fp32 scales) move into one buffer whose row ranges the
+modules' Parameters then are -- no extra memory -- and one GEMM over both runs per call, like the
+bf16 path's fused_qkv_a (fuse_pair=False: shared quantization only). unpatch gives each module its
+own buffers back.
 
 Where kv_b_proj is a target (ALL_TARGETS) and the attention expands its cached latent with
 transformers' expand_kv (DeepSeek-V3 and the models built from it: kv_b_proj over the whole
@@ -52,8 +57,8 @@ import torch
 from torch import nn
 
 from .. import _lib
-from ..fp8_linear import (Fp8CheckpointLinear, SharedActivation, fp8_linear_class, fp8_linear_skip_reason,
-                          is_fp8_checkpoint_module)
+from ..fp8_linear import (Fp8CheckpointLinear, FusedPair, SharedActivation, fp8_linear_class,
+                          fp8_linear_skip_reason, fuse_pair_skip_reason, is_fp8_checkpoint_module)
 from ..torch import Fp8ProjLinear, Fp8ProjRMSNormLinear, Workspace
 from .kv_expand import KeyValueExpand, expand_kv_skip_reason
 
@@ -103,7 +108,7 @@ class PatchReport:
         lines += [f"  skipped {n}: {why}" for n, why in self.skipped]
         if self.fp8:
             lines.append(f"  FP8 checkpoint layers: {self.fp8_weight_bytes} bytes of e4m3 weights and scales used as "
-                         f"they are (no copy); {self.fp8_extra_bytes} bytes added (fp32 copies of UE8M0 scales, GEMM "
+                         f"they are (no bf16 copy, no re-quantization; a fused pair's two weights moved into one buffer); {self.fp8_extra_bytes} bytes added (fp32 copies of UE8M0 scales, GEMM "
                          "plan workspaces)")
         lines += [f"  left on transformers' path {n}: {why}" for n, why in self.left]
         lines += [f"  shared {n}" for n in self.shared]
@@ -170,10 +175,12 @@ def _pair_input(attn: nn.Module) -> Tuple[str, str]:
     return args[0], ""
 
 
-def _share_pairs(model: nn.Module, attns, fp8_plan, report: "PatchReport", share_inputs: bool) -> None:
-    """One SharedActivation for each attention's SHARED_PAIR where both are taken as FP8 checkpoint
-    layers and read one input; report.shared / report.unshared say where and why not. Only
-    attentions with at least one of the pair taken are reported (nothing to share otherwise)."""
+def _share_pairs(model: nn.Module, attns, fp8_plan, report: "PatchReport", share_inputs: bool,
+                 fuse: bool = True) -> None:
+    """One FusedPair (where fuse and fuse_pair_skip_reason allow), else one SharedActivation, for
+    each attention's SHARED_PAIR where both are taken as FP8 checkpoint layers and read one input;
+    report.shared / report.unshared say where and why not. Only attentions with at least one of the
+    pair taken are reported (nothing to share otherwise)."""
     left = dict(report.left)
     for aname, attn in attns:
         full = [f"{aname}.{t}" if aname else t for t in SHARED_PAIR]
@@ -198,11 +205,18 @@ def _share_pairs(model: nn.Module, attns, fp8_plan, report: "PatchReport", share
         if why:
             report.unshared.append((where, why))
             continue
+        why_unfused = "fuse_pair=False" if not fuse else fuse_pair_skip_reason(*mods)
+        if not why_unfused:
+            FusedPair(*mods)
+            report.shared.append(f"{where}: q_a_proj + kv_a_proj_with_mqa fused: one quantization and one GEMM "
+                                 f"(N={mods[0].out_features}+{mods[1].out_features}) over their weights laid end "
+                                 f"to end, no extra memory (both read {var})")
+            continue
         group = SharedActivation()
         for mod in mods:
             group.add(mod)
         report.shared.append(f"{where}: q_a_proj + kv_a_proj_with_mqa share one activation quantization "
-                             f"(both read {var})")
+                             f"(both read {var}; not fused: {why_unfused})")
 
 
 def _norm_is_plain_rmsnorm(norm: nn.Module) -> Tuple[bool, str]:
@@ -258,8 +272,8 @@ def _linear_skip_reason(lin: Optional[nn.Module]) -> str:
 
 def patch(model: nn.Module, *, enabled: Optional[bool] = True, policy: str = "prefill",
           targets: Sequence[str] = DEFAULT_TARGETS, fuse_norm: bool = True, share_workspace: bool = True,
-          scales: Optional[str] = None, share_inputs: bool = True, fuse_kv_expand: bool = True,
-          **layer_opts) -> PatchReport:
+          scales: Optional[str] = None, share_inputs: bool = True, fuse_pair: bool = True,
+          fuse_kv_expand: bool = True, **layer_opts) -> PatchReport:
     """Replace `targets` of every MLA attention module of `model` in place (see the module doc).
     scales: the scale format of the FP8 copies made from bf16 weights, "ue8m0" (None: the
     default) or "float" (fp32 amax/448). layer_opts: threshold, decode_ceiling, max_tokens,
@@ -270,6 +284,9 @@ def patch(model: nn.Module, *, enabled: Optional[bool] = True, policy: str = "pr
     fp8proj and the attention calls both on one variable, quantize that input once for both
     (fp8_linear.SharedActivation: reused only for the same tensor object, unmodified, on the same
     stream; bypassed under torch.compile). False: each quantizes its input itself.
+    fuse_pair: with share_inputs, and where their weights can be laid end to end, run the two as
+    one GEMM over one buffer that their Parameters become row ranges of (fp8_linear.FusedPair; no
+    extra memory). False: shared quantization, two GEMMs, the checkpoint's buffers untouched.
     fuse_kv_expand: where kv_b_proj is a target and the attention expands its cached latent with
     transformers' expand_kv (checked on a test input), kv_b_proj writes the key layout itself and
     the key copy goes (kv_expand.KeyValueExpand). False: expand_kv stays the class's."""
@@ -397,7 +414,7 @@ def patch(model: nn.Module, *, enabled: Optional[bool] = True, policy: str = "pr
         setattr(parent, attr, mod)
         report.patched.append(full)
         report.fp8.append(full)
-    _share_pairs(model, attns, fp8_plan, report, share_inputs)
+    _share_pairs(model, attns, fp8_plan, report, share_inputs, fuse_pair)
     for full in report.fp8:
         # Each GEMM plan made now, outside any CUDA graph capture (a no-op off the GPU path).
         mod = model.get_submodule(full)
@@ -418,6 +435,8 @@ def unpatch(model: nn.Module) -> int:
     originals = model.__dict__.pop(_ORIGINALS, [])
     for attn, attr, orig in reversed(originals):
         cur = getattr(attn, attr, None)
+        if isinstance(cur, Fp8CheckpointLinear) and cur.fused_pair is not None:
+            cur.fused_pair.unfuse()  # each module's own buffers again, as loaded
         if isinstance(cur, (Fp8ProjLinear, Fp8ProjRMSNormLinear)) and cur.__dict__.get("_proj") is not None:
             cur._proj.close()
         if orig is _INSTANCE_ATTRIBUTE:  # a method replaced on the instance: the class's shows again

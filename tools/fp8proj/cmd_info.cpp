@@ -43,6 +43,11 @@ void register_info(CLI::App& app) {
                           "FP8PROJ_RANK", "FP8PROJ_WORLD_SIZE", "FP8PROJ_LOCAL_RANK", "FP8PROJ_NCCL_ID_FILE", "FP8PROJ_NCCL_ID",
                           "FP8PROJ_NCCL_TIMEOUT_S", "FP8PROJ_NCCL_BLOCKING", "FP8PROJ_NCCL_LIBRARY"})
       fmt::print("  {:<24} {}\n", k, env::get(k).value_or("(unset)"));
+    // The two kernel-launch knobs with the default they fall back to.
+    fmt::print("  {:<24} {}\n", "FP8PROJ_PDL",
+               env::get("FP8PROJ_PDL").value_or(env::kDefaultPdl ? "(unset: 1, on)" : "(unset: 0, off)"));
+    fmt::print("  {:<24} {}\n", "FP8PROJ_WATCHDOG_MS",
+               env::get("FP8PROJ_WATCHDOG_MS").value_or(fmt::format("(unset: {})", env::kDefaultWatchdogMs)));
   });
 }
 

@@ -286,6 +286,17 @@ class _OneInputGroup:
         self._entry = None
         return None
 
+    def lookup(self, member: str, x: torch.Tensor, kernel: bool, k: int):
+        """(key, the payload kept for member's call on x, or None); key is None where nothing may
+        be shared now (torch.compile, autograd, a capture whose graph this torch cannot name)."""
+        if not _sharing_allowed(x):
+            return None, None
+        key = _group_key(x, kernel, k)
+        if key is None:
+            self.clear()  # an entry kept outside this capture can never be used in it: free it now
+            return None, None
+        return key, self.take(member, x, key)
+
     def keep(self, member: str, x: torch.Tensor, key: tuple, payload) -> None:
         """Keep member's fresh result on x for the other members."""
         self.quantizations += 1
@@ -446,14 +457,10 @@ class FusedPair(_OneInputGroup):
     def run(self, member: "Fp8CheckpointLinear", x: torch.Tensor, kernel: bool,
             bias: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
         """member's output through the pair, or None where the member should run alone."""
-        if not _sharing_allowed(x) or not self.intact():
+        if not self.intact():
             return None
-        key = _group_key(x, kernel, member.in_features)
-        if key is None:
-            self.clear()  # an entry kept outside this capture can never be used in it: free it now
-            return None
-        y = self.take(member.name, x, key)
-        if y is not None:
+        key, y = self.lookup(member.name, x, kernel, member.in_features)
+        if key is None or y is not None:
             return y
         fn = block_fp8_linear if kernel else block_fp8_linear_reference
         y2 = fn(x, self.weight.detach(), self.scales, "float", None)
@@ -559,13 +566,11 @@ class Fp8CheckpointLinear(nn.Module):
         """(codes, scales) of x through the shared group, or None: the caller quantizes (no group,
         torch.compile, autograd)."""
         g = self.shared_activation
-        if g is None or not _sharing_allowed(x):
+        if g is None:
             return None
-        key = _group_key(x, kernel, self.in_features)
+        key, q = g.lookup(self.name, x, kernel, self.in_features)
         if key is None:
-            g.clear()  # an entry kept outside this capture can never be used in it: free it now
             return None
-        q = g.take(self.name, x, key)
         if q is None:
             x2 = _rows(x, self.in_features)
             q = (torch.ops.fp8proj.quantize_activation(x2, "float") if kernel else

@@ -51,7 +51,7 @@ from .ops import _ceil4, _version
 __all__ = ["Fp8CheckpointLinear", "fp8_linear_class", "fp8_linear_skip_reason", "is_fp8_checkpoint_module",
            "quantize_activation_float_reference", "quantize_activation_reference", "dequantize_weight",
            "block_fp8_skip_reason", "activation_scale_format", "block_fp8_linear", "block_fp8_linear_reference",
-           "scales_as_fp32", "SharedActivation", "FusedPair", "fuse_pair", "fuse_pair_skip_reason"]
+           "scales_as_fp32", "SharedActivation", "FusedPair", "fuse_pair_skip_reason"]
 
 log = logging.getLogger("fp8proj")
 _E4M3 = torch.float8_e4m3fn
@@ -395,7 +395,7 @@ class FusedPair(_OneInputGroup):
     q_a_proj (N = 1536 or 2048) and kv_a_proj_with_mqa (N = 576) of an MLA attention both project
     the hidden states. Run apart they cost two activation quantizations (or one, shared) and two
     GEMMs, the second a narrow one that loses to bf16 (N = 576: 0.7-0.95x). Laid end to end they
-    are one [N1 + N2, K] weight, the shape of fp8proj's fused_qkv_a: fuse_pair() copies both
+    are one [N1 + N2, K] weight, the shape of fp8proj's fused_qkv_a: the constructor copies both
     weights (and their fp32 scales) into one buffer and makes each module's Parameters row ranges
     of it, so the model holds the same bytes as before (the old buffers are freed; the peak while
     fusing is one pair's weights more).
@@ -430,6 +430,9 @@ class FusedPair(_OneInputGroup):
         self.weight, self.scales = w, s
         self._rows = {a.name: (0, n1, 0, r1), b.name: (n1, n1 + n2, r1, r1 + r2)}
         self._modules = (a, b)
+        # Where each member's weight and scales must start while the pair holds (checked per call).
+        self._starts = {a.name: (w.data_ptr(), s.data_ptr()),
+                        b.name: (w[n1].data_ptr(), s[r1].data_ptr())}
         for m in (a, b):
             lo, hi, slo, shi = self._rows[m.name]
             m.weight.data = w[lo:hi]
@@ -444,18 +447,16 @@ class FusedPair(_OneInputGroup):
         """True while both members' weights and scales are still their ranges of the buffer."""
         if self.weight is None:
             return False
+        dev = self.weight.device
         for m in self._modules:
-            lo, _, slo, _ = self._rows[m.name]
             w, sc = m.weight, m._scales()
-            if (w.device != self.weight.device or sc.device != self.scales.device or
-                    w.data_ptr() != self.weight[lo].data_ptr() or sc.data_ptr() != self.scales[slo].data_ptr()):
+            if w.device != dev or sc.device != dev or (w.data_ptr(), sc.data_ptr()) != self._starts[m.name]:
                 self.weight = self.scales = None  # fallen apart: let the buffer go
                 self.clear()
                 return False
         return True
 
-    def run(self, member: "Fp8CheckpointLinear", x: torch.Tensor, kernel: bool,
-            bias: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    def run(self, member: "Fp8CheckpointLinear", x: torch.Tensor, kernel: bool) -> Optional[torch.Tensor]:
         """member's output through the pair, or None where the member should run alone."""
         if not self.intact():
             return None
@@ -463,7 +464,7 @@ class FusedPair(_OneInputGroup):
         if key is None or y is not None:
             return y
         fn = block_fp8_linear if kernel else block_fp8_linear_reference
-        y2 = fn(x, self.weight.detach(), self.scales, "float", None)
+        y2 = fn(x, self.weight, self.scales, "float")
         outs = {}
         for m in self._modules:
             lo, hi, _, _ = self._rows[m.name]
@@ -491,11 +492,6 @@ class FusedPair(_OneInputGroup):
             m.fused_pair = None
         self.weight = self.scales = None
         self.clear()
-
-
-def fuse_pair(a: "Fp8CheckpointLinear", b: "Fp8CheckpointLinear") -> FusedPair:
-    """Fuse two modules that read one input (FusedPair); fuse_pair_skip_reason says when not."""
-    return FusedPair(a, b)
 
 
 class Fp8CheckpointLinear(nn.Module):
@@ -554,7 +550,7 @@ class Fp8CheckpointLinear(nn.Module):
         # The bias in the output's dtype, as transformers' FP8Linear adds it.
         bias = self.bias.detach() if self.bias is not None else None
         if self.fused_pair is not None:
-            y = self.fused_pair.run(self, x, kernel, bias)
+            y = self.fused_pair.run(self, x, kernel)  # no bias: fuse_pair_skip_reason
             if y is not None:
                 return y
         q = self._activation(x, kernel)

@@ -19,7 +19,8 @@
 //            cache (decode_attention), out_h = out_latent_h . W_UV_h^T
 //   y      = o_proj(attn_out)                   [T, hidden]  tagged; on the FP8 path its input is
 //            quantized by the prefill attention kernel's epilogue (MlaOptions::fuse_attention_quant)
-//            or, in decode, by the memory-bound QuantOps::quantize_activation pass
+//            or by the memory-bound QuantOps::quantize_activation pass; in decode by the epilogue of
+//            out_h = out_latent_h . W_UV_h^T (MlaOptions::fuse_decode_quant)
 //
 // RoPE is DeepSeek's interleaved-pair layout: pair i of a rope vector is (x[2i], x[2i+1]),
 // rotated by pos * inv_freq[i], in fp32, rounded to bf16 (SGLang's is_neox_style=False for
@@ -163,6 +164,11 @@ struct MlaOptions {
   // epilogue added 1.50 ms to the attention stage while the separate pass takes 0.75 ms
   // (bench/results/mla-layer/, docs/kernels.md); `fp8proj layer --fuse-attention-quant` A/Bs it.
   bool fuse_attention_quant = false;
+  // On o_proj's FP8 path at decode, out_latent . W_UV^T (the absorbed value projection) writes
+  // o_proj's input as e4m3 + 1x128 scales in its epilogue, the same bits as the separate
+  // quantize_activation pass, one kernel fewer per step (needs v_head % 128 == 0). On by
+  // default; `fp8proj layer --decode-quant fused,separate` A/Bs it (docs/decode.md).
+  bool fuse_decode_quant = true;
   std::string bf16_backend = "auto";  // every projection's bf16 path
   int64_t max_tokens = 8192;          // largest prefill call (tokens of all its sequences)
   int max_batch = 256;                // largest decode call (sequences)

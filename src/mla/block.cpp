@@ -84,6 +84,9 @@ struct MlaBlock::Impl {
   // o_proj's FP8 input as the prefill attention epilogue writes it (fuse_attention_quant):
   // [max_tokens, H*v] e4m3 + [H*v/128][max_tokens] scales; empty when it cannot be used.
   Buffer attn_q_values, attn_q_scales;
+  // o_proj's FP8 input as absorb_v writes it at decode (fuse_decode_quant): [max_batch, H*v]
+  // e4m3 + [H*v/128][round_up(max_batch, 4)] scales; empty when it cannot be used.
+  Buffer dec_q_values, dec_q_scales;
   Buffer cache;
 
   void init(MemorySpace sp, const MlaConfig& c, mla::MlaWeights weights, MlaOptions o_in);
@@ -176,6 +179,11 @@ void MlaBlock::Impl::init(MemorySpace sp, const MlaConfig& c, mla::MlaWeights we
       fp8_eligible(cfg.hidden, cfg.o_in_dim())) {
     attn_q_values = Buffer(space, static_cast<size_t>(max_tokens * cfg.o_in_dim()));
     attn_q_scales = Buffer(space, static_cast<size_t>(cfg.o_in_dim() / 128 * max_tokens) * sizeof(float));
+  }
+  if (opt.fuse_decode_quant && tagged_fp8 && cfg.v_head_dim % 128 == 0 && fp8_eligible(cfg.hidden, cfg.o_in_dim())) {
+    dec_q_values = Buffer(space, static_cast<size_t>(int64_t{opt.max_batch} * cfg.o_in_dim()));
+    dec_q_scales = Buffer(space, static_cast<size_t>(cfg.o_in_dim() / 128 * activation_scale_ld(opt.max_batch)) *
+                                     sizeof(float));
   }
   const std::vector<float> freq = cfg.rope_inv_freq();
   inv_freq = Buffer(space, freq.size() * sizeof(float));
@@ -516,10 +524,18 @@ void MlaBlock::Impl::decode(const Input& in, const MlaDecodeBatch& batch, bf16* 
   uv.heads = static_cast<int>(H);
   uv.n = c.v_head_dim;
   uv.k = static_cast<int>(c.kv_lora_rank);
+  // o_proj on its FP8 path: absorb_v's epilogue writes its quantized input.
+  const bool fused_o = !s.dec_q_values.empty() && s.o->path_for(B) == Path::fp8;
+  const Fp8ActivationOut o_in{s.dec_q_values.data<uint8_t>(), s.dec_q_scales.data<float>(), B, c.o_in_dim(),
+                              activation_scale_ld(s.opt.max_batch)};
+  if (fused_o) uv.y_fp8 = o_in;
   s.mops->head_gemm(uv, stream);
   mark(MlaStage::absorb_v);
 
-  s.o->forward(attn_out, B, y, stream);
+  if (fused_o)
+    s.o->forward_quantized(o_in.view(), y, stream);
+  else
+    s.o->forward(attn_out, B, y, stream);
   mark(MlaStage::o_proj);
   if (c.tp_size > 1 && s.opt.all_reduce) {
     s.opt.all_reduce(y, B, c.hidden, stream);
@@ -574,8 +590,9 @@ MlaExplanation MlaBlock::explain(int64_t tokens) const {
           std::string(c.tp_size > 1 ? ", all-reduced after o_proj)" : ")") +
           (s.attn_q_values.empty()
                ? "; FP8 input = the attention output quantized by the memory-bound quantize_activation pass"
-               : "; FP8 input = written by the prefill attention epilogue (e4m3 + 1x128 scales, no separate pass); "
-                 "decode: the quantize_activation pass"));
+               : "; FP8 input = written by the prefill attention epilogue (e4m3 + 1x128 scales, no separate pass)") +
+          (s.dec_q_values.empty() ? "; decode: the quantize_activation pass"
+                                  : "; decode: written by out_latent . W_UV^T's epilogue (no separate pass)"));
   return e;
 }
 
@@ -597,7 +614,8 @@ MlaMemory MlaBlock::memory() const {
     m.workspace += pm.workspace;
   }
   for (const Buffer* b : {&s.qkv_a, &s.q, &s.kv_c, &s.kv, &s.k, &s.attn_out, &s.q_rope, &s.q_latent, &s.out_latent,
-                          &s.cache_len, &s.inv_freq, &s.attn_ws, &s.attn_q_values, &s.attn_q_scales})
+                          &s.cache_len, &s.inv_freq, &s.attn_ws, &s.attn_q_values, &s.attn_q_scales, &s.dec_q_values,
+                          &s.dec_q_scales})
     m.workspace += b->bytes();
   m.cache = s.cache.bytes();
   return m;

@@ -78,7 +78,16 @@ struct HeadGemmArgs {
   bf16* y = nullptr;
   int64_t y_row_stride = 0, y_head_stride = 0;
   int rows = 0, heads = 0, n = 0, k = 0;
+  // Set (values non-null): y is not written; its rows, as one dense [rows, heads * n] matrix,
+  // go out as the next GEMM's FP8 input instead -- e4m3 + 1x128 UE8M0 scales (M-contiguous,
+  // scale_ld apart), bit for bit QuantOps::quantize_activation of the bf16 y the other mode
+  // writes. Needs n % 128 == 0 (a group never straddles two heads), y_fp8.m == rows and
+  // y_fp8.k == heads * n. out_latent . W_UV^T writes o_proj's input this way at decode.
+  Fp8ActivationOut y_fp8;
 };
+
+// The FP8 output's rules (HeadGemmArgs::y_fp8), checked by both implementations.
+void check_head_gemm_fp8_out(const HeadGemmArgs& args);
 
 class MlaOps {
  public:

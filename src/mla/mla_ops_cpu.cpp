@@ -8,6 +8,7 @@
 #include "core/parallel.hpp"
 #include "fp8proj/error.hpp"
 #include "fp8proj/memory.hpp"
+#include "fp8proj/quantize.hpp"
 #include "mla/mla_ops.hpp"
 
 namespace fp8proj::mla {
@@ -103,6 +104,24 @@ class HostMlaOps final : public MlaOps {
   }
 
   void head_gemm(const HeadGemmArgs& a, StreamHandle) const override {
+    if (a.rows <= 0) return;
+    // FP8 output: the bf16 y the other mode writes, into a dense scratch, then the reference
+    // quantizer -- which is what the device kernel's epilogue must equal bit for bit.
+    std::vector<bf16> dense;
+    HeadGemmArgs b = a;
+    if (a.y_fp8.values != nullptr) {
+      check_head_gemm_fp8_out(a);
+      dense.resize(static_cast<size_t>(a.rows) * static_cast<size_t>(a.heads) * static_cast<size_t>(a.n));
+      b.y = dense.data();
+      b.y_row_stride = int64_t{a.heads} * a.n;
+      b.y_head_stride = a.n;
+    }
+    compute(b);
+    if (a.y_fp8.values != nullptr) cpu::quantize_activation(dense.data(), a.rows, b.y_row_stride, a.y_fp8);
+  }
+
+ private:
+  static void compute(const HeadGemmArgs& a) {
     parallel_for(int64_t{a.heads} * a.rows, 4, [&](int64_t lo, int64_t hi) {
       for (int64_t i = lo; i < hi; ++i) {
         const int64_t h = i / a.rows, r = i % a.rows;
@@ -120,6 +139,18 @@ class HostMlaOps final : public MlaOps {
 };
 
 }  // namespace
+
+void check_head_gemm_fp8_out(const HeadGemmArgs& a) {
+  FP8PROJ_CHECK(a.n % 128 == 0, "absorbed projection with FP8 output: n ", a.n,
+                " must be a multiple of 128 (a 1x128 group may not straddle two heads)");
+  FP8PROJ_CHECK(a.y_fp8.scales != nullptr, "absorbed projection with FP8 output: scales pointer is null");
+  FP8PROJ_CHECK(a.y_fp8.m == a.rows && a.y_fp8.k == int64_t{a.heads} * a.n, "absorbed projection with FP8 output: ",
+                "the output is ", a.y_fp8.m, "x", a.y_fp8.k, ", expected rows x heads*n = ", a.rows, "x",
+                int64_t{a.heads} * a.n);
+  FP8PROJ_CHECK(a.y_fp8.scale_ld >= activation_scale_ld(a.rows) && a.y_fp8.scale_ld % 4 == 0,
+                "absorbed projection with FP8 output: scale stride ", a.y_fp8.scale_ld,
+                " must be a multiple of 4 and >= round_up(rows=", a.rows, ", 4)");
+}
 
 const MlaOps& mla_ops(MemorySpace space) {
   static const HostMlaOps host;

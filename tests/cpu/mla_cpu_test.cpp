@@ -22,6 +22,7 @@
 #include "fp8proj/mla.hpp"
 #include "fp8proj/ops.hpp"
 #include "fp8proj/quantize.hpp"
+#include "mla/mla_ops.hpp"
 #include "test_util.hpp"
 
 namespace fp8proj {
@@ -701,6 +702,75 @@ TEST(MlaCpu, FusedAttentionQuantIsBitIdentical) {
   EXPECT_TRUE(same_bits(y[0], y[1]));
   MlaBlock off(MemorySpace::host, c, t.view(), options(false));
   EXPECT_NE(off.explain(17).projections[3].role.find("quantize_activation"), std::string::npos);
+}
+
+// The same at decode: o_proj's FP8 input written by out_latent . W_UV^T (MlaOptions::
+// fuse_decode_quant, on by default) equals the separate pass's, and the step's output is
+// identical with and without it; `explain` says which one runs. Where the GEMM cannot write
+// whole groups per head (v_head 32) the block keeps the separate pass.
+TEST(MlaCpu, DecodeFusedQuantIsBitIdentical) {
+  CleanEnv clean;
+  MlaConfig c = tiny_config();
+  c.v_head_dim = 128;
+  const HostTensors t = make_tensors(c, 810);
+  const std::vector<int32_t> offsets = {0, 5, 16, 17}, start = {0, 100, 200}, pos = {5, 11, 1};
+  const auto x = random_bf16(offsets.back() * c.hidden, 811, 1.0f), xd = random_bf16(3 * c.hidden, 812, 1.0f);
+  std::vector<bf16> y[2];
+  for (bool fuse : {false, true}) {
+    MlaOptions o = options(true);
+    o.fuse_decode_quant = fuse;
+    MlaBlock block(MemorySpace::host, c, t.view(), o);
+    const std::string role = block.explain(3).projections[3].role;
+    EXPECT_EQ(role.find("W_UV^T's epilogue") != std::string::npos, fuse) << role;
+    run_prefill(block, x, offsets, start);
+    y[fuse].assign(3 * c.hidden, bf16::from_bits(0xffff));
+    block.decode(xd.data(), {3, pos.data(), start.data(), 16}, y[fuse].data());
+  }
+  EXPECT_TRUE(same_bits(y[0], y[1]));
+  MlaBlock narrow(MemorySpace::host, tiny_config(), make_tensors(tiny_config(), 813).view(), options(true));
+  EXPECT_NE(narrow.explain(3).projections[3].role.find("decode: the quantize_activation pass"), std::string::npos);
+}
+
+// The absorbed projection's FP8 output on the host: the reference's bf16 output quantized, and
+// clear errors where a group would straddle two heads or the output is mis-sized.
+TEST(MlaCpu, HeadGemmFp8OutputRulesAndReference) {
+  const int rows = 5, heads = 2, n = 128, k = 64;
+  const int64_t K = int64_t{heads} * n;
+  const auto x = random_bf16(rows * heads * k, 820, 1.0f), w = random_bf16(heads * n * k, 821, 0.1f);
+  mla::HeadGemmArgs a;
+  a.x = x.data();
+  a.x_row_stride = int64_t{heads} * k;
+  a.x_head_stride = k;
+  a.w = w.data();
+  a.y_row_stride = K;
+  a.y_head_stride = n;
+  a.rows = rows;
+  a.heads = heads;
+  a.n = n;
+  a.k = k;
+  std::vector<bf16> y(rows * K);
+  a.y = y.data();
+  const mla::MlaOps& ops = mla::mla_ops(MemorySpace::host);
+  ops.head_gemm(a, nullptr);
+  const int64_t ld = activation_scale_ld(rows);
+  std::vector<uint8_t> rv(rows * K), fv(rows * K, 0xee);
+  std::vector<float> rs(K / 128 * ld, -1.0f), fs(K / 128 * ld, -1.0f);  // the padding rows too
+  cpu::quantize_activation(y.data(), rows, K, {rv.data(), rs.data(), rows, K, ld});
+  a.y = nullptr;
+  a.y_fp8 = {fv.data(), fs.data(), rows, K, ld};
+  ops.head_gemm(a, nullptr);
+  EXPECT_EQ(rv, fv);
+  EXPECT_EQ(0, std::memcmp(rs.data(), fs.data(), rs.size() * sizeof(float)));
+  mla::HeadGemmArgs bad = a;
+  bad.y_fp8.k = K - 128;
+  EXPECT_THROW(ops.head_gemm(bad, nullptr), Error);
+  bad = a;
+  bad.y_fp8.scale_ld = 6;  // not a multiple of 4
+  EXPECT_THROW(ops.head_gemm(bad, nullptr), Error);
+  bad = a;
+  bad.n = 64;  // a 1x128 group would span two heads
+  bad.y_fp8.k = int64_t{heads} * 64;
+  EXPECT_THROW(ops.head_gemm(bad, nullptr), Error);
 }
 
 TEST(MlaCpu, BadInputThrowsAndEmptyIsNoOp) {

@@ -239,6 +239,79 @@ TEST_F(MlaKernelsGpu, AbsorbedProjectionsMatchHost) {
   EXPECT_THROW(mla::mla_ops(MemorySpace::device).head_gemm(big, nullptr), Error);
 }
 
+// With FP8 output the absorbed projection's epilogue writes o_proj's input: bit for bit what
+// the bf16 output run through the device quantizer gives (values, scales and the scale rows'
+// padding), for every CTA shape -- 4 warps over 64 columns (k < 384) and 8 warps as two row
+// groups over 64 (few CTAs), both as clusters of two sharing a group's amax, and 8 warps over
+// 128 (many CTAs: 72 heads) -- with a NaN row, rows over several 64-row blocks, and 1 row.
+TEST_F(MlaKernelsGpu, HeadGemmFp8OutputEqualsQuantizedBf16) {
+  struct Case {
+    int rows, heads, n, k;
+  };
+  const QuantOps& qops = quant_ops(MemorySpace::device);
+  for (const Case cs : {Case{17, 3, 128, 192}, Case{5, 2, 256, 512}, Case{1, 2, 128, 512}, Case{130, 3, 128, 512},
+                        Case{64, 72, 128, 512}, Case{130, 40, 256, 512}}) {
+    const int64_t K = int64_t{cs.heads} * cs.n, x_row = int64_t{cs.heads} * cs.k;
+    auto x = normal_bf16(cs.rows * x_row, 21, 1.0f);
+    if (cs.rows > 3) x[3 * x_row + 5] = float_to_bf16(NAN);  // row 3, head 0: its groups go NaN
+    const auto w = normal_bf16(int64_t{cs.heads} * cs.n * cs.k, 22, 0.05f);
+    const Buffer dx = to_device(x), dw = to_device(w);
+    mla::HeadGemmArgs a;
+    a.x = dx.data<bf16>();
+    a.x_row_stride = x_row;
+    a.x_head_stride = cs.k;
+    a.w = dw.data<bf16>();
+    a.y_row_stride = K;
+    a.y_head_stride = cs.n;
+    a.rows = cs.rows;
+    a.heads = cs.heads;
+    a.n = cs.n;
+    a.k = cs.k;
+    const int64_t ld = activation_scale_ld(cs.rows), scale_bytes = K / 128 * ld * 4;
+    // Reference: bf16 y, then quantize_activation.
+    Buffer dy = poisoned(static_cast<size_t>(cs.rows * K) * 2);
+    Buffer rv = poisoned(static_cast<size_t>(cs.rows * K)), rs = poisoned(static_cast<size_t>(scale_bytes));
+    a.y = dy.data<bf16>();
+    mla::mla_ops(MemorySpace::device).head_gemm(a, nullptr);
+    qops.quantize_activation(dy.data<bf16>(), cs.rows, K, {rv.data<uint8_t>(), rs.data<float>(), cs.rows, K, ld},
+                             nullptr);
+    // Fused: y untouched, FP8 written by the epilogue.
+    Buffer fv = poisoned(static_cast<size_t>(cs.rows * K)), fs = poisoned(static_cast<size_t>(scale_bytes));
+    a.y = nullptr;
+    a.y_fp8 = {fv.data<uint8_t>(), fs.data<float>(), cs.rows, K, ld};
+    mla::mla_ops(MemorySpace::device).head_gemm(a, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const auto want_v = to_host<uint8_t>(rv.data(), static_cast<size_t>(cs.rows * K));
+    const auto got_v = to_host<uint8_t>(fv.data(), want_v.size());
+    const auto want_s = to_host<uint32_t>(rs.data(), static_cast<size_t>(scale_bytes / 4));
+    const auto got_s = to_host<uint32_t>(fs.data(), want_s.size());
+    EXPECT_EQ(want_v, got_v) << "values, rows " << cs.rows << " heads " << cs.heads << " n " << cs.n << " k " << cs.k;
+    EXPECT_EQ(want_s, got_s) << "scales, rows " << cs.rows << " heads " << cs.heads << " n " << cs.n << " k " << cs.k;
+    if (cs.rows > 3) {  // group 0 of row 3 sits at scales[0 * ld + 3]
+      float s3;
+      std::memcpy(&s3, &got_s[3], sizeof s3);
+      EXPECT_TRUE(std::isnan(s3)) << "the NaN row's first group must carry a NaN scale";
+    }
+  }
+  // A group may not straddle two heads: n % 128 != 0 is refused before any launch.
+  const Buffer bx = poisoned(4096), bw = poisoned(2 * 136 * 64 * 2), bv = poisoned(1024), bs = poisoned(256);
+  mla::HeadGemmArgs bad;
+  bad.x = bx.data<bf16>();
+  bad.x_row_stride = 128;
+  bad.x_head_stride = 64;
+  bad.w = bw.data<bf16>();
+  bad.rows = 1;
+  bad.heads = 2;
+  bad.n = 136;
+  bad.k = 64;
+  bad.y_fp8 = {bv.data<uint8_t>(), bs.data<float>(), 1, 272, 4};
+  EXPECT_THROW(mla::mla_ops(MemorySpace::device).head_gemm(bad, nullptr), Error);
+  bad.n = 128;
+  bad.y_fp8.k = 256;
+  bad.y_fp8.scale_ld = 3;  // below round_up(rows, 4)
+  EXPECT_THROW(mla::mla_ops(MemorySpace::device).head_gemm(bad, nullptr), Error);
+}
+
 TEST_F(MlaKernelsGpu, RopeAndCacheMatchHost) {
   const MlaConfig c = gpu_config(false);  // YaRN frequencies
   const int H = c.heads, nope = c.qk_nope_dim, rope = c.qk_rope_dim, qk = nope + rope;
@@ -576,6 +649,44 @@ TEST_P(MlaBlockGpu, DecodeGraphFollowsPolicy) {
       EXPECT_LT(e, 3 * 4e-2);
     }
   }
+}
+
+// o_proj's FP8 input written by absorb_v's epilogue at decode is the separate pass's, bit for
+// bit: the decode step's output is identical with and without the fusion, eagerly and replayed
+// as a CUDA graph, and `explain` names where the input comes from.
+TEST_P(MlaBlockGpu, DecodeFusedQuantIsBitIdentical) {
+  const MlaConfig c = gpu_config(GetParam());
+  const HostTensors t = make_tensors(c, 95);
+  const Batch b = make_batch({15, 3, 40, 9, 1});
+  const int B = b.num_seqs();
+  const auto x = normal_bf16(b.tokens() * c.hidden, 96, 1.0f), xd = normal_bf16(B * c.hidden, 97, 1.0f);
+  const Buffer d_x = to_device(x), d_xd = to_device(xd), d_off = to_device(b.offsets),
+               d_start = to_device(b.cache_start), d_pos = to_device(b.lens);
+  std::vector<bf16> eager[2], replay[2];
+  for (bool fuse : {false, true}) {
+    MlaOptions o = options(true);
+    o.fuse_decode_quant = fuse;
+    MlaBlock dev(MemorySpace::device, c, t.view(), o);
+    const std::string role = dev.explain(B).projections[3].role;
+    EXPECT_EQ(role.find("W_UV^T's epilogue") != std::string::npos, fuse) << role;
+    ASSERT_EQ(dev.projection(MlaProjection::o_proj).path_for(B), Path::fp8);
+    Buffer d_py(MemorySpace::device, static_cast<size_t>(b.tokens() * c.hidden) * 2);
+    dev.prefill(d_x.data<bf16>(), {B, d_off.data<int32_t>(), d_start.data<int32_t>(), b.offsets.data()},
+                d_py.data<bf16>());
+    const MlaDecodeBatch db{B, d_pos.data<int32_t>(), d_start.data<int32_t>(), 64};
+    Buffer d_y = poisoned(static_cast<size_t>(B * c.hidden) * 2);
+    dev.decode(d_xd.data<bf16>(), db, d_y.data<bf16>());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    eager[fuse] = to_host<bf16>(d_y.data(), static_cast<size_t>(B * c.hidden));
+    MlaDecodeGraph graph(dev, d_xd.data<bf16>(), db, d_y.data<bf16>());
+    fill_bytes(MemorySpace::device, d_y.data(), d_y.bytes(), 0xff);
+    graph.replay(nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    replay[fuse] = to_host<bf16>(d_y.data(), static_cast<size_t>(B * c.hidden));
+    EXPECT_EQ(non_finite(eager[fuse]), 0);
+  }
+  EXPECT_EQ(0, std::memcmp(eager[0].data(), eager[1].data(), eager[0].size() * 2)) << "eager decode";
+  EXPECT_EQ(0, std::memcmp(replay[0].data(), replay[1].data(), replay[0].size() * 2)) << "graph replay";
 }
 
 // The residual-stream entry on the device: on the bf16 path bit for bit the norm followed by

@@ -52,6 +52,7 @@ struct LayerArgs {
   bool fuse_attention_quant = false;
   bool cpu = false;
   std::string weight_scales = "ue8m0";  // the flag-on blocks' FP8 copies: one block per format
+  std::string decode_quant = "fused";   // o_proj's decode input: absorb_v's epilogue and/or the separate pass
   std::string csv, json, md;
 };
 
@@ -66,6 +67,8 @@ struct PrefillRow {
   std::string q_path, o_path, fp8_backend;
   std::string qkv_path, kv_b_path;
   ScaleMode weight_scales = ScaleMode::ue8m0;  // of the flag-on block's FP8 copies
+  bool fused_decode_quant = true;              // MlaOptions::fuse_decode_quant of the flag-on block
+  int variant = 0;                             // which flag-on block (0: the first)
 };
 
 struct DecodeRow {
@@ -78,6 +81,8 @@ struct DecodeRow {
   double rel_err = 0;        // flag-on step's output against the flag-off (bf16) step's
   bool bit_identical = false;
   ScaleMode weight_scales = ScaleMode::ue8m0;
+  bool fused_decode_quant = true;
+  int variant = 0;
   // Bytes the step must read: weights flag off / on, and the cache rows; floors at the measured
   // read bandwidth (0 on the CPU reference).
   size_t weight_bytes_off = 0, weight_bytes_on = 0, cache_bytes = 0;
@@ -112,22 +117,28 @@ double attention_flops(const MlaConfig& c, int seqs, int len) {
   return 2.0 * c.local_heads() * seqs * (double(len) * (len + 1) / 2) * (c.qk_head_dim() + c.v_head_dim);
 }
 
-// One line per C and flag (one flag-off line per C, one flag-on line per scale format) of the
+// A flag-on block's name in the tables: its weight scale format, "+sep" where o_proj's decode
+// input comes from the separate quantization pass instead of absorb_v's epilogue.
+template <class Row>
+std::string variant_label(const Row& r) {
+  return std::string(scale_mode_name(r.weight_scales)) + (r.fused_decode_quant ? "" : "+sep");
+}
+
+// One line per C and flag (one flag-off line per C, one flag-on line per flag-on block) of the
 // rows of this TP size: each shown stage's time and the total, times `unit` (us -> ms: 1e-3),
 // with `decimals` places. Rows: PrefillRow or DecodeRow.
 template <class Row>
-void print_stage_table(const std::vector<Row>& rows, int tp, ScaleMode first_mode, const std::vector<MlaStage>& shown,
-                       double unit, int decimals) {
+void print_stage_table(const std::vector<Row>& rows, int tp, const std::vector<MlaStage>& shown, double unit,
+                       int decimals) {
   std::string head = fmt::format("  {:>4} {:>10}", "C", "flag");
   for (MlaStage s : shown) head += fmt::format(" {:>10}", to_string(s));
   fmt::print("{} {:>10}\n", head, "total");
   for (const Row& r : rows) {
     if (r.tp != tp) continue;
     for (int on_flag = 0; on_flag < 2; ++on_flag) {
-      if (!on_flag && r.weight_scales != first_mode) continue;
+      if (!on_flag && r.variant != 0) continue;
       const MlaStageTimes& st = on_flag ? r.on_stages : r.off_stages;
-      std::string line = fmt::format("  {:>4} {:>10}", r.seqs,
-                                     on_flag ? fmt::format("on {}", scale_mode_name(r.weight_scales)) : "off");
+      std::string line = fmt::format("  {:>4} {:>10}", r.seqs, on_flag ? "on " + variant_label(r) : "off");
       for (MlaStage s : shown) line += fmt::format(" {:>10.{}f}", st.of(s) * unit, decimals);
       fmt::print("{} {:>10.{}f}\n", line, st.total_us * unit, decimals);
     }
@@ -182,7 +193,17 @@ void run_layer(const LayerArgs& a) {
   std::sort(seqs.begin(), seqs.end());
   const int L = a.seqlen > 0 ? a.seqlen : (gpu ? 1024 : 64);
   // One flag-on block per scale format of its FP8 copies, all timed in the same interleaved rounds.
+  // And per --decode-quant choice: o_proj's decode input from absorb_v's epilogue and/or the
+  // separate pass.
   const std::vector<ScaleMode> modes = parse_scale_modes(a.weight_scales);
+  const std::vector<bool> decode_quants = parse_decode_quants(a.decode_quant);
+  struct Variant {
+    ScaleMode mode;
+    bool fused_decode_quant;
+  };
+  std::vector<Variant> variants;
+  for (const ScaleMode m : modes)
+    for (const bool f : decode_quants) variants.push_back({m, f});
   FP8PROJ_CHECK(seqs.front() >= 1 && L >= 1, "--seqs and --seqlen must be positive");
   check_outputs({{"--csv", a.csv}, {"--json", a.json}, {"--md", a.md}});
   fmt::print("fp8proj layer -- {}\n", space_banner(space));
@@ -241,9 +262,10 @@ void run_layer(const LayerArgs& a) {
     // One seed: every block holds the same weights.
     MlaBlock off(space, cfg, 2024, off_opt);
     std::vector<std::unique_ptr<MlaBlock>> ons;
-    for (const ScaleMode mode : modes) {
+    for (const Variant& v : variants) {
       MlaOptions o = on_opt;
-      o.tagged.weight_scales = mode;
+      o.tagged.weight_scales = v.mode;
+      o.fuse_decode_quant = v.fused_decode_quant;
       ons.push_back(std::make_unique<MlaBlock>(space, cfg, 2024, o));
     }
     MlaBlock& on = *ons.front();
@@ -278,7 +300,7 @@ void run_layer(const LayerArgs& a) {
 
     fmt::print("\nprefill, C sequences x {} tokens (block time; q_b+o = share of q_b_proj + o_proj stages; w scl = "
                "scale format of the flag-on block's FP8 weight copies)\n", L);
-    fmt::print("  {:>4} {:>7} {:>6} {:>10} {:>10} {:>8} {:>9} {:>9} {:>10} {:>10} {:>10} {:>8} {:>9}  {}\n", "C",
+    fmt::print("  {:>4} {:>7} {:>9} {:>10} {:>10} {:>8} {:>9} {:>9} {:>10} {:>10} {:>10} {:>8} {:>9}  {}\n", "C",
                "tokens", "w scl", "off ms", "on ms", "speedup", "q_b+o off", "q_b+o on", "o-quant us", "qa-nq us",
                "qa-norm us", "quant %", "attn TF/s", "path qkv_a/q_b/kv_b/o");
     for (int c : seqs) {
@@ -353,7 +375,9 @@ void run_layer(const LayerArgs& a) {
       }
       for (size_t i = 0; i < ons.size(); ++i) {
         PrefillRow ri = r;
-        ri.weight_scales = modes[i];
+        ri.weight_scales = variants[i].mode;
+        ri.fused_decode_quant = variants[i].fused_decode_quant;
+        ri.variant = static_cast<int>(i);
         ri.on_us = pre[1 + i];
         ri.on_stages = st[1 + i];
         const double attn_us = ri.on_stages.of(MlaStage::attention);
@@ -361,9 +385,9 @@ void run_layer(const LayerArgs& a) {
         const double qbo_off = ri.off_stages.of(MlaStage::q_proj) + ri.off_stages.of(MlaStage::o_proj);
         const double qbo_on = ri.on_stages.of(MlaStage::q_proj) + ri.on_stages.of(MlaStage::o_proj);
         const double quant = ri.o_quant_us + ri.qa_normquant_us;
-        fmt::print("  {:>4} {:>7} {:>6} {:>10.3f} {:>10.3f} {:>8.3f} {:>9} {:>9} {:>10.1f} {:>10.1f} {:>10.1f} {:>8} "
+        fmt::print("  {:>4} {:>7} {:>9} {:>10.3f} {:>10.3f} {:>8.3f} {:>9} {:>9} {:>10.1f} {:>10.1f} {:>10.1f} {:>8} "
                    "{:>9.0f}  {}/{}/{}/{}\n",
-                   c, T, scale_mode_name(ri.weight_scales), ri.off_us / 1e3, ri.on_us / 1e3, ri.off_us / ri.on_us,
+                   c, T, variant_label(ri), ri.off_us / 1e3, ri.on_us / 1e3, ri.off_us / ri.on_us,
                    pct(qbo_off, ri.off_stages.total_us), pct(qbo_on, ri.on_stages.total_us), ri.o_quant_us,
                    ri.qa_normquant_us, ri.qa_norm_us, pct(quant, ri.on_us), ri.attn_tflops, ri.qkv_path, ri.q_path,
                    ri.kv_b_path, ri.o_path);
@@ -438,7 +462,9 @@ void run_layer(const LayerArgs& a) {
         d.off_us = t[0];
         for (size_t i = 0; i < ons.size(); ++i) {
           DecodeRow di = d;
-          di.weight_scales = modes[i];
+          di.weight_scales = variants[i].mode;
+          di.fused_decode_quant = variants[i].fused_decode_quant;
+          di.variant = static_cast<int>(i);
           di.on_us = t[1 + i];
           di.on_stages = dst[1 + i];
           copy_bytes(h_on.data(), MemorySpace::host, y_on[i].data(), space, count * sizeof(bf16));
@@ -454,7 +480,7 @@ void run_layer(const LayerArgs& a) {
     const std::vector<MlaStage> shown = {MlaStage::qkv_a,      MlaStage::q_proj,    MlaStage::kv_norm,
                                          MlaStage::kv_b_proj,  MlaStage::rope_cache, MlaStage::attention,
                                          MlaStage::o_proj};
-    print_stage_table(prows, tp, modes.front(), shown, 1e-3, 3);
+    print_stage_table(prows, tp, shown, 1e-3, 3);
     if (!a.no_decode) {
       fmt::print("\ndecode step, C sequences at context {} ({}; policy {})\n", L + 1,
                  gpu ? "one CUDA graph replay" : "eager, CPU", a.policy);
@@ -465,7 +491,7 @@ void run_layer(const LayerArgs& a) {
                    read_bw / 1e9);
       else
         fmt::print("  floor: n/a (CPU reference)\n");
-      fmt::print("  {:>4} {:>6} {:>10} {:>10} {:>8} {:>8} {:>10} {:>9} {:>8} {:>8} {:>9} {:>9} {:>8}  {}\n", "C",
+      fmt::print("  {:>4} {:>9} {:>10} {:>10} {:>8} {:>8} {:>10} {:>9} {:>8} {:>8} {:>9} {:>9} {:>8}  {}\n", "C",
                  "w scl", "off us", "on us", "on/off", "speedup", "err vs off", "bitwise", "w MB", "kv MB", "w flr us",
                  "floor us", "x flr", "path qkv_a/q_b/o (flag on)");
       auto us_or_na = [gpu](double v, const char* spec) {
@@ -473,9 +499,9 @@ void run_layer(const LayerArgs& a) {
       };
       for (const DecodeRow& d : drows)
         if (d.tp == tp)
-          fmt::print("  {:>4} {:>6} {:>10.1f} {:>10.1f} {:>8.3f} {:>8.3f} {:>10.2e} {:>9} {:>8.1f} {:>8.1f} {:>9} {:>9} "
+          fmt::print("  {:>4} {:>9} {:>10.1f} {:>10.1f} {:>8.3f} {:>8.3f} {:>10.2e} {:>9} {:>8.1f} {:>8.1f} {:>9} {:>9} "
                      "{:>8}  {}/{}/{}\n",
-                     d.seqs, scale_mode_name(d.weight_scales), d.off_us, d.on_us, d.on_us / d.off_us,
+                     d.seqs, variant_label(d), d.off_us, d.on_us, d.on_us / d.off_us,
                      d.off_us / d.on_us, d.rel_err, d.bit_identical ? "equal" : "differs", d.weight_bytes_on / 1e6,
                      d.cache_bytes / 1e6, us_or_na(d.weight_floor_on_us, "{:.1f}"), us_or_na(d.floor_on_us, "{:.1f}"),
                      us_or_na(floor_ratio(d.on_us, d.floor_on_us), "{:.2f}"), d.qkv_path, d.q_path, d.o_path);
@@ -488,7 +514,7 @@ void run_layer(const LayerArgs& a) {
       fmt::print("\ndecode stages (us; the same step eager, median per stage over {} runs, flag off and on interleaved "
                  "run by run, events between stages: the total includes launch gaps a graph replay hides)\n",
                  sopt.reps);
-      print_stage_table(drows, tp, modes.front(), dshown, 1.0, 1);
+      print_stage_table(drows, tp, dshown, 1.0, 1);
     }
   }
 
@@ -497,10 +523,10 @@ void run_layer(const LayerArgs& a) {
         "kind,model,tp,seqs,seqlen,tokens,off_us,on_us,speedup,qb_o_share_off,qb_o_share_on,o_quant_us,"
         "qa_normquant_us,qa_norm_us,attn_tflops,q_path,o_path,fp8_backend,qkv_path,kv_b_path,decode_rel_err,"
         "decode_bitwise,weight_scales,decode_weight_bytes_off,decode_weight_bytes_on,decode_cache_bytes,"
-        "decode_floor_off_us,decode_floor_on_us,decode_on_floor_ratio\n";
+        "decode_floor_off_us,decode_floor_on_us,decode_on_floor_ratio,decode_quant\n";
     for (const PrefillRow& r : prows) {
       const double so = r.off_stages.total_us, sn = r.on_stages.total_us;
-      csv += fmt::format("prefill,{},{},{},{},{},{:.3f},{:.3f},{:.4f},{:.4f},{:.4f},{:.3f},{:.3f},{:.3f},{:.1f},{},{},{},{},{},,,{},,,,,,\n",
+      csv += fmt::format("prefill,{},{},{},{},{},{:.3f},{:.3f},{:.4f},{:.4f},{:.4f},{:.3f},{:.3f},{:.3f},{:.1f},{},{},{},{},{},,,{},,,,,,,\n",
                          r.model, r.tp, r.seqs, r.seqlen, r.tokens, r.off_us, r.on_us, r.off_us / r.on_us,
                          so > 0 ? (r.off_stages.of(MlaStage::q_proj) + r.off_stages.of(MlaStage::o_proj)) / so : 0.0,
                          sn > 0 ? (r.on_stages.of(MlaStage::q_proj) + r.on_stages.of(MlaStage::o_proj)) / sn : 0.0,
@@ -508,11 +534,11 @@ void run_layer(const LayerArgs& a) {
                          r.fp8_backend, r.qkv_path, r.kv_b_path, scale_mode_name(r.weight_scales));
     }
     for (const DecodeRow& d : drows)
-      csv += fmt::format("decode,{},{},{},{},{},{:.3f},{:.3f},{:.4f},,,,,,,{},{},,{},,{:.3e},{},{},{},{},{},{:.3f},{:.3f},{:.4f}\n",
+      csv += fmt::format("decode,{},{},{},{},{},{:.3f},{:.3f},{:.4f},,,,,,,{},{},,{},,{:.3e},{},{},{},{},{},{:.3f},{:.3f},{:.4f},{}\n",
                          d.model, d.tp, d.seqs, d.context, d.seqs, d.off_us, d.on_us, d.off_us / d.on_us, d.q_path,
                          d.o_path, d.qkv_path, d.rel_err, d.bit_identical ? 1 : 0, scale_mode_name(d.weight_scales),
                          d.weight_bytes_off, d.weight_bytes_on, d.cache_bytes, d.floor_off_us, d.floor_on_us,
-                         floor_ratio(d.on_us, d.floor_on_us));
+                         floor_ratio(d.on_us, d.floor_on_us), d.fused_decode_quant ? "fused" : "separate");
     write_text(a.csv, csv);
   }
   if (!a.json.empty()) {
@@ -546,6 +572,7 @@ void run_layer(const LayerArgs& a) {
                              {"q_path", d.q_path}, {"o_path", d.o_path}, {"qkv_path", d.qkv_path},
                              {"rel_err_vs_off", d.rel_err}, {"bit_identical", d.bit_identical},
                              {"weight_scales", scale_mode_name(d.weight_scales)},
+                             {"decode_quant", d.fused_decode_quant ? "fused" : "separate"},
                              {"weight_bytes_off", d.weight_bytes_off}, {"weight_bytes_on", d.weight_bytes_on},
                              {"cache_bytes", d.cache_bytes}, {"floor_off_us", d.floor_off_us},
                              {"floor_on_us", d.floor_on_us}, {"on_floor_ratio", floor_ratio(d.on_us, d.floor_on_us)},
@@ -577,7 +604,7 @@ void run_layer(const LayerArgs& a) {
                         a.policy);
       for (const DecodeRow& d : drows)
         md += fmt::format("| {} | {} | {} | {:.1f} | {:.1f} | {:.3f} | {:.2e} | {} | {} | {} | {}/{}/{} |\n", d.tp,
-                          d.seqs, scale_mode_name(d.weight_scales), d.off_us, d.on_us, d.off_us / d.on_us, d.rel_err,
+                          d.seqs, variant_label(d), d.off_us, d.on_us, d.off_us / d.on_us, d.rel_err,
                           d.bit_identical ? "equal" : "differs",
                           d.floor_on_us > 0 ? fmt::format("{:.1f}", d.floor_on_us) : std::string("n/a"),
                           d.floor_on_us > 0 ? fmt::format("{:.2f}", d.on_us / d.floor_on_us) : std::string("n/a"),
@@ -618,6 +645,11 @@ void register_layer(CLI::App& app) {
   cmd->add_option("--weight-scales", args->weight_scales,
                   "Scale format(s) of the flag-on block's FP8 weight copies: ue8m0, float, or ue8m0,float (one "
                   "flag-on block per format, all timed in the same interleaved rounds)")
+      ->capture_default_str();
+  cmd->add_option("--decode-quant", args->decode_quant,
+                  "Where the flag-on block quantizes o_proj's input at decode: fused (out_latent . W_UV^T's "
+                  "epilogue writes it, MlaOptions::fuse_decode_quant), separate (the 1x128 pass), or fused,separate "
+                  "(one flag-on block each, timed in the same interleaved rounds; rows of the second say +sep)")
       ->capture_default_str();
   cmd->add_option("--csv", args->csv, "Write the rows as CSV");
   cmd->add_option("--json", args->json, "Write the rows (with per-stage times) as JSON with the GPU/version stamp");

@@ -187,6 +187,16 @@ std::vector<ScaleMode> parse_scale_modes(const std::string& text, const std::str
   return out;
 }
 
+std::vector<bool> parse_decode_quants(const std::string& text, const std::string& what) {
+  std::vector<bool> out;
+  for (const std::string& item : split(text, ',', what)) {
+    FP8PROJ_CHECK(item == "fused" || item == "separate", what, ": ", quote_excerpt(item),
+                  " is not fused or separate");
+    if (std::find(out.begin(), out.end(), item == "fused") == out.end()) out.push_back(item == "fused");
+  }
+  return out;
+}
+
 MemorySpace choose_space(bool force_cpu) {
   return (!force_cpu && gpu_available()) ? MemorySpace::device : MemorySpace::host;
 }

@@ -79,6 +79,9 @@ std::vector<int> parse_int_list(const std::string& text, const std::string& what
 
 // "ue8m0", "float" or "ue8m0,float" -> the scale formats in that order, no repeats (formats.hpp).
 std::vector<ScaleMode> parse_scale_modes(const std::string& text, const std::string& what = "--weight-scales");
+// "fused", "separate" or both, comma-separated: where o_proj's decode input is quantized
+// (MlaOptions::fuse_decode_quant true / false), duplicates dropped.
+std::vector<bool> parse_decode_quants(const std::string& text, const std::string& what = "--decode-quant");
 
 // Where the work runs: the GPU when present (and not --cpu), else the CPU reference.
 MemorySpace choose_space(bool force_cpu);

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "core/cuda_check.hpp"
+#include "cuda/common/alignment.hpp"
 #include "cuda/mla/mla_kernels.hpp"
 #include "fp8proj/error.hpp"
 #include "mla/mla_ops.hpp"
@@ -95,9 +96,15 @@ class DeviceMlaOps final : public MlaOps {
     check_vec(a.x, a.x_row_stride, "absorbed projection input");
     FP8PROJ_CHECK(a.x_head_stride % 8 == 0, "absorbed projection: input head stride must be a multiple of 8");
     check_vec(a.w, a.k, "absorbed projection weight");
-    FP8PROJ_CHECK(a.y != nullptr && reinterpret_cast<uintptr_t>(a.y) % 4 == 0 && a.y_row_stride % 2 == 0 &&
-                      a.y_head_stride % 2 == 0,
-                  "absorbed projection: output must be 4-byte aligned with even strides");
+    if (a.y_fp8.values != nullptr) {
+      check_head_gemm_fp8_out(a);
+      FP8PROJ_CHECK(is_aligned16(a.y_fp8.values) && is_aligned16(a.y_fp8.scales),
+                    "absorbed projection: FP8 output values and scales must be 16-byte aligned");
+    } else {
+      FP8PROJ_CHECK(a.y != nullptr && reinterpret_cast<uintptr_t>(a.y) % 4 == 0 && a.y_row_stride % 2 == 0 &&
+                        a.y_head_stride % 2 == 0,
+                    "absorbed projection: output must be 4-byte aligned with even strides");
+    }
     gpu::launch_head_gemm(a, as_cuda(stream));
   }
 };

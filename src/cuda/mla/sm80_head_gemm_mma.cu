@@ -38,8 +38,19 @@
 // Example: k = 0..31, thread t = 1 loads physical k 8..15; its first mma sees them as logical
 // k {2,3} (b0/a0,a1) and {10,11} (b1/a2,a3).
 //
+// FP8 output (y_fp8 set: out_latent . W_UV^T writing o_proj's input at decode). The CTA stages
+// its bf16 tile [rows, C] in shared memory (the operands' space, free after the last MMA; rows
+// 2C + 16 bytes apart, so the fragment stores of a warp -- 8 rows x 4 words -- hit 32 banks),
+// then quantizes each row's 1x128 group with fp8_group_quant.cuh's code from those bf16 values:
+// the same bits as writing y and running quantize_activation on it, without the second kernel
+// or the bf16 round trip. A 128-column CTA holds whole groups (16 lanes per row, 16 bytes each).
+// A 64-column CTA holds half of one: it is launched as a cluster of two along x (the two halves
+// of the group, same head and rows), each CTA takes its half's row amax, the pair swaps them
+// through distributed shared memory, and both encode with the group's scale; rank 0 stores it.
+//
 // NOTES: k must be a multiple of 32 and n of 8 (MlaConfig::validate: nope and kv_lora
 // multiples of 32, v of 8); rows past `rows` load zeros and are not stored.
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -50,6 +61,7 @@
 #include "cuda/common/launch.hpp"
 #include "cuda/common/pdl.cuh"
 #include "cuda/mla/mla_kernels.hpp"
+#include "cuda/quant/fp8_group_quant.cuh"
 
 namespace fp8proj::mla::gpu {
 
@@ -77,6 +89,11 @@ static_assert(kKStep == 4 * 8, "each of the 4 threads of a row group reads 8 con
 // apart modulo 128.
 int pitch_bytes(int k) { return 2 * k + ((2 * k) % 128 == 0 ? 64 : 0); }
 
+// FP8 output: bytes per staged bf16 row of a CTA's C columns (16 bytes past a multiple of 128,
+// see the header), and the row amaxes a 64-column CTA shares with its cluster peer.
+__host__ __device__ constexpr int stage_pitch(int cols) { return 2 * cols + 16; }
+constexpr int kRowAmaxBytes = 4 * kRowsPerCta;
+
 __device__ __forceinline__ void mma_bf16_16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                                uint32_t b0, uint32_t b1) {
   asm volatile(
@@ -92,9 +109,93 @@ __device__ __forceinline__ uint32_t pack(float a, float b) {
   return static_cast<uint32_t>(float_to_bf16(a).bits) | (static_cast<uint32_t>(float_to_bf16(b).bits) << 16);
 }
 
+// The FP8 epilogue (see the header). Every thread of the CTA calls it (live or not): it holds
+// the CTA barriers, the cluster barriers and the shuffles of the quantizer.
+template <class S>
+__device__ __forceinline__ void store_fp8(const HeadGemmArgs& a, uint8_t* smem,
+                                          const float (&acc)[S::kTilesPerWarp][2][4], bool live, int c0, int m0,
+                                          int tiles, int rows, int n_base, int r_base) {
+  constexpr int kC = S::kColsPerCta;
+  static_assert(kC == 64 || kC == 128, "a CTA holds one 1x128 group of a row, or half of one");
+  constexpr int kPitch = stage_pitch(kC);
+  constexpr int kLanes = kC / 8;  // lanes per row, 16 bytes (8 values) each
+  constexpr int kRowsPerPass = S::kThreads / kLanes;
+  static_assert(kRowsPerCta % kRowsPerPass == 0, "every pass covers whole rows");
+  const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+
+  __syncthreads();  // every warp is past its last MMA: the staged tile reuses the operands' space
+  if (live)
+#pragma unroll
+    for (int i = 0; i < S::kTilesPerWarp; ++i) {
+      if (m0 + i >= tiles) break;  // uniform
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        uint8_t* p = smem + (16 * (m0 + i) + g + 8 * half) * kPitch + 2 * (c0 + 2 * t);
+        *reinterpret_cast<uint32_t*>(p) = pack(acc[i][0][2 * half], acc[i][0][2 * half + 1]);
+        *reinterpret_cast<uint32_t*>(p + 16) = pack(acc[i][1][2 * half], acc[i][1][2 * half + 1]);
+      }
+    }
+  __syncthreads();
+
+  const int l = threadIdx.x % kLanes, rr = threadIdx.x / kLanes;
+  const int64_t col = static_cast<int64_t>(blockIdx.y) * a.n + n_base;  // the CTA's first column of [rows, H*n]
+  uint8_t* const values = a.y_fp8.values + col + 8 * l;
+  auto load_row = [&](int r, uint32_t (&w)[4]) {
+    w[0] = w[1] = w[2] = w[3] = 0;
+    if (r < rows) {
+      const uint4 v = *reinterpret_cast<const uint4*>(smem + r * kPitch + 16 * l);
+      w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+    }
+  };
+  auto store_row = [&](int r, const uint32_t (&codes)[2], float scale, bool owner) {
+    if (r >= rows) return;
+    const int64_t row = r_base + r;
+    *reinterpret_cast<uint2*>(values + row * a.y_fp8.k) = make_uint2(codes[0], codes[1]);
+    if (owner && l == 0) {
+      float* sc = a.y_fp8.scales + col / kScaleBlock * a.y_fp8.scale_ld;
+      sc[row] = scale;
+      if (row == a.rows - 1)  // the M padding to a multiple of 4, as quantize_activation writes it
+        for (int64_t pad = a.rows; pad < (a.rows + 3) / 4 * 4; ++pad) sc[pad] = 1.0f;
+    }
+  };
+  const int staged = 16 * tiles;
+  if constexpr (kC == 128) {
+    for (int r0 = 0; r0 < staged; r0 += kRowsPerPass) {  // uniform trip count: the shuffles need every lane
+      uint32_t w[4], codes[2];
+      load_row(r0 + rr, w);
+      const float scale = fp8proj::gpu::quantize_group<16>(w, kActAmaxEps, codes);
+      store_row(r0 + rr, codes, scale, true);
+    }
+  } else {
+    namespace cg = cooperative_groups;
+    const cg::cluster_group cluster = cg::this_cluster();
+    uint32_t* const amax = reinterpret_cast<uint32_t*>(smem + kRowsPerCta * kPitch);  // [64]
+    for (int r0 = 0; r0 < staged; r0 += kRowsPerPass) {
+      uint32_t w[4];
+      load_row(r0 + rr, w);
+      uint32_t m = fp8proj::gpu::abs_max_bits(w);
+#pragma unroll
+      for (int off = kLanes / 2; off >= 1; off /= 2) m = max(m, __shfl_xor_sync(0xffffffffu, m, off));
+      if (l == 0) amax[r0 + rr] = m;
+    }
+    cluster.sync();  // both halves' amaxes written and visible to the pair
+    const uint32_t* const peer = cluster.map_shared_rank(amax, cluster.block_rank() ^ 1);
+    const bool owner = cluster.block_rank() == 0;
+    for (int r0 = 0; r0 < staged; r0 += kRowsPerPass) {
+      const int r = r0 + rr;
+      uint32_t w[4], codes[2];
+      load_row(r, w);
+      const fp8proj::gpu::GroupScale s = fp8proj::gpu::group_scale(max(amax[r], peer[r]), kActAmaxEps);
+      fp8proj::gpu::encode_e4m3(w, s, codes);
+      store_row(r, codes, s.scale, owner);
+    }
+    cluster.sync();  // neither CTA exits while its peer may still read its amaxes
+  }
+}
+
 template <int kColWarps, int kRowGroups>
 __global__ void __launch_bounds__(Shape<kColWarps, kRowGroups>::kThreads)
-    head_gemm_kernel(const HeadGemmArgs a, const int pitch) {
+    head_gemm_kernel(const HeadGemmArgs a, const int pitch, const bool release_early) {
   using S = Shape<kColWarps, kRowGroups>;
   extern __shared__ __align__(16) uint8_t smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -104,7 +205,8 @@ __global__ void __launch_bounds__(Shape<kColWarps, kRowGroups>::kThreads)
   const int r_base = blockIdx.z * kRowsPerCta;
   const int rows = min(kRowsPerCta, a.rows - r_base);  // >= 1: the grid has no empty row block
   const int tiles = (rows + 15) / 16;
-  fp8proj::gpu::pdl_wait_then_release();  // before any load (cuda/common/pdl.cuh)
+  fp8proj::gpu::pdl_wait();  // before any load (cuda/common/pdl.cuh)
+  if (release_early) fp8proj::gpu::pdl_launch_dependents();
 
   uint8_t* const ws = smem;                            // [kColsPerCta columns of n][k]
   uint8_t* const xs = smem + S::kColsPerCta * pitch;  // [16 * tiles rows][k]
@@ -161,8 +263,14 @@ __global__ void __launch_bounds__(Shape<kColWarps, kRowGroups>::kThreads)
   if (live) compute(0, k_half);
   attn::cp_async_wait<0>();
   __syncthreads();
-  if (!live) return;
-  compute(k_half, a.k);
+  const bool fp8_out = a.y_fp8.values != nullptr;  // uniform: a kernel argument
+  if (!live && !fp8_out) return;
+  if (live) compute(k_half, a.k);
+  if (fp8_out) {
+    store_fp8<S>(a, smem, acc, live, c0, m0, tiles, rows, n_base, r_base);
+    fp8proj::gpu::pdl_launch_dependents();  // where release_early did not already (the first call counts)
+    return;
+  }
 
   // C fragment: c[0], c[1] at (row g, columns 2t, 2t+1); c[2], c[3] at row g + 8.
   bf16* y = a.y + static_cast<int64_t>(h) * a.y_head_stride + n_base + c0 + 2 * t;
@@ -183,21 +291,36 @@ static_assert((Shape<4, 1>::kColsPerCta + kRowsPerCta) * (2 * kHeadGemmMaxK + 64
 
 // Dynamic shared memory of one CTA of `cols` weight rows for `rows` rows at inner dimension k:
 // its weight rows and up to 64 input rows of k elements.
-int64_t head_gemm_smem_bytes(int cols, int rows, int k) {
+// With FP8 output the staged tile (64 rows of stage_pitch) and the row amaxes reuse that space;
+// only tiny k makes it the larger of the two.
+int64_t head_gemm_smem_bytes(int cols, int rows, int k, bool fp8_out) {
   const int rows_pad = std::min(kRowsPerCta, (rows + 15) / 16 * 16);
-  return static_cast<int64_t>(cols + rows_pad) * pitch_bytes(k);
+  const int64_t operands = static_cast<int64_t>(cols + rows_pad) * pitch_bytes(k);
+  return fp8_out ? std::max<int64_t>(operands, kRowsPerCta * stage_pitch(cols) + kRowAmaxBytes) : operands;
 }
 
 template <int kColWarps, int kRowGroups>
 void launch_shape(const HeadGemmArgs& a, cudaStream_t stream) {
   using S = Shape<kColWarps, kRowGroups>;
-  const int64_t smem = head_gemm_smem_bytes(S::kColsPerCta, a.rows, a.k);
+  const bool fp8_out = a.y_fp8.values != nullptr;
+  const int64_t smem = head_gemm_smem_bytes(S::kColsPerCta, a.rows, a.k, fp8_out);
   auto* kernel = head_gemm_kernel<kColWarps, kRowGroups>;
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   const dim3 grid(static_cast<unsigned>(ceil_div(a.n, S::kColsPerCta)), static_cast<unsigned>(a.heads),
                   static_cast<unsigned>(ceil_div(a.rows, kRowsPerCta)));
-  fp8proj::gpu::launch_kernel({grid, dim3(S::kThreads), static_cast<size_t>(smem), stream}, kernel, a,
-                              pitch_bytes(a.k));
+  // A 64-column CTA writing FP8 shares its group with the next CTA along x (n % 128 == 0, so
+  // grid.x is even and the pairs are the groups).
+  const unsigned cluster = fp8_out && S::kColsPerCta == 64 ? 2 : 1;
+  // Under PDL the kernel after an FP8-writing one is o_proj's GEMM, whose CTAs take a whole SM:
+  // released right after the wait from a grid that holds most SMs (DeepSeek-V3 TP 1, 64 rows:
+  // 128 one-SM CTAs), its start split around this grid and the decode step took 8-10 us more
+  // than with the separate quantizer (bench/results/decode/absorb-quant/). The activation
+  // quantizer's rule, for the same reason: early from at most a quarter of the SMs, else after
+  // the stores. The bf16 output's dependents (the quantizer, the attention) stay released early.
+  const int64_t ctas = int64_t{grid.x} * grid.y * grid.z;
+  const bool release_early = !fp8_out || ctas * 4 <= current_device().sm_count;
+  fp8proj::gpu::launch_kernel({grid, dim3(S::kThreads), static_cast<size_t>(smem), stream, cluster}, kernel, a,
+                              pitch_bytes(a.k), release_early);
 }
 
 }  // namespace
@@ -214,7 +337,7 @@ void launch_head_gemm(const HeadGemmArgs& a, cudaStream_t stream) {
   const int64_t wide_ctas =
       ceil_div(a.n, Shape<8, 1>::kColsPerCta) * int64_t{a.heads} * ceil_div(a.rows, kRowsPerCta);
   if (2 * wide_ctas >= current_device().sm_count &&
-      head_gemm_smem_bytes(Shape<8, 1>::kColsPerCta, a.rows, a.k) <= attn::kSmemLimitBytes)
+      head_gemm_smem_bytes(Shape<8, 1>::kColsPerCta, a.rows, a.k, a.y_fp8.values != nullptr) <= attn::kSmemLimitBytes)
     return launch_shape<8, 1>(a, stream);
   return launch_shape<4, 2>(a, stream);
 }

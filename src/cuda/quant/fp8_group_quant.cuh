@@ -58,7 +58,6 @@ __device__ __forceinline__ uint32_t abs_max_bits(const uint32_t (&w)[N]) {
 struct GroupScale {
   float scale;  // what the scale tensor stores: 2^(e-127) or amax/448, NaN for a non-finite group
   float inv;    // UE8M0: 2^(127-e), x * inv is the reference's x * (1 / scale); fp32: the divisor
-  float rcp;    // fp32: RN(1 / divisor), for the division by correction (scale_value)
   bool finite;
 };
 
@@ -72,29 +71,19 @@ __device__ __forceinline__ GroupScale group_scale(uint32_t amax_bits, float eps)
     const uint8_t e = ue8m0_scale_for_amax(amax, eps);
     s.scale = s.finite ? ue8m0_to_float(e) : __uint_as_float(0x7fc00000u);  // the CPU's NAN
     s.inv = ue8m0_inverse(e);
-    s.rcp = s.inv;
   } else {
     const float q = __fdiv_rn(amax > eps ? amax : eps, kE4m3Max);
     s.scale = s.finite ? q : __uint_as_float(0x7fc00000u);
     s.inv = q;
-    s.rcp = __frcp_rn(q);
   }
   return s;
-}
-
-// RN(x / d) given y = RN(1 / d), by Markstein's correction: q = RN(x y), r = x - q d exact in
-// one fma, RN(q + r y).
-__device__ __forceinline__ float div_by_correction(float x, float d, float y) {
-  const float q = __fmul_rn(x, y);
-  const float r = __fmaf_rn(-q, d, x);
-  return __fmaf_rn(r, y, q);
 }
 
 // One value scaled for encoding: the reference's x * (1 / scale) (UE8M0) or x / scale (fp32).
 template <ScaleMode kMode>
 __device__ __forceinline__ float scale_value(float v, const GroupScale& s) {
   if constexpr (kMode == ScaleMode::ue8m0) return v * s.inv;
-  else return div_by_correction(v, s.inv, s.rcp);
+  else return __fdiv_rn(v, s.inv);
 }
 
 // Four fp32 values -> four e4m3 codes, value j in byte j. cvt packs its first source into the

@@ -127,6 +127,21 @@ def verdict(tool, out, rc):
     return count == 0 and prog_ok, f"{count} {what}; {prog}"
 
 
+def select_only(jobs, only):
+    """The jobs whose row label is one of `only`'s semicolon-separated names (all where it is empty).
+    Semicolons, because family labels hold commas. A name that matches nothing is an error, so that
+    a mistyped --only does not pass as an empty, clean matrix."""
+    if not only:
+        return jobs
+    keep = [k.strip() for k in only.split(";") if k.strip()]
+    labels = {j[0] for j in jobs}
+    missing = [k for k in keep if k not in labels]
+    if missing:
+        raise SystemExit(f"--only: no configuration or family named {missing}; families: "
+                         + "; ".join(label for label, _ in TEST_FAMILIES))
+    return [j for j in jobs if j[0] in keep]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--harness", required=True)
@@ -135,7 +150,9 @@ def main():
     ap.add_argument("--tools", default="racecheck,synccheck,initcheck,memcheck")
     ap.add_argument("--jobs", type=int, default=12)
     ap.add_argument("--timeout", type=int, default=240, help="seconds per sanitizer run")
-    ap.add_argument("--only", default="", help="comma list: restrict to these configurations / families (tests)")
+    ap.add_argument("--only", default="",
+                    help="semicolon list: restrict to these configurations / families (tests); a family's label "
+                         "holds commas, e.g. 'MLA kernels (rope/cache, head GEMM, weight layout);m128n128_ws2_st5'")
     ap.add_argument("--resume", action="store_true",
                     help="skip every (configuration, tool) whose log in --out already ends with the tool's "
                          "summary (a matrix cut short, its logs unpacked into --out): only the rest run, "
@@ -174,9 +191,7 @@ def main():
                    a.gpu_tests, f"--gtest_filter={filt}-*Speed*:*Bandwidth*:*HardwareCvt*"]
             jobs.append((label, "GPU tests: " + filt, tool, cmd, log))
     jobs += gemm_jobs
-    if a.only:
-        keep = set(a.only.split(","))
-        jobs = [j for j in jobs if j[0] in keep]
+    jobs = select_only(jobs, a.only)
     if a.resume:
         jobs = resume_jobs(jobs)
         print(f"resume: {len(jobs)} runs without a finished log in {a.out} "

@@ -167,8 +167,8 @@ struct MlaOptions {
   // On o_proj's FP8 path at decode, out_latent . W_UV^T (the absorbed value projection) writes
   // o_proj's input as e4m3 + 1x128 scales in its epilogue, the same bits as the separate
   // quantize_activation pass, one kernel fewer per step (needs v_head % 128 == 0). On an H200
-  // the decode step took 0.3-3.1 us less at every measured point (DeepSeek-V3, GLM-5, TP 1 and 8,
-  // C = 16 and 64; bench/results/decode/absorb-quant/). On by default; `fp8proj layer
+  // the decode step took up to 4 us less at 47 of 48 measured points (DeepSeek-V3, GLM-5, TP 1
+  // and 8, C = 16 and 64, six rounds; bench/results/decode/absorb-quant/). On by default; `fp8proj layer
   // --decode-quant fused,separate` A/Bs it.
   bool fuse_decode_quant = true;
   std::string bf16_backend = "auto";  // every projection's bf16 path

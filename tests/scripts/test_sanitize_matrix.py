@@ -28,6 +28,17 @@ def main():
         assert done == {"initcheck__swapab_m16n64_ws2_st14.log": True, "memcheck__m128n128_ws2_st5.log": True,
                         "racecheck__m128n128_ws2_st5.log": True, "synccheck__m128n128_ws2_st5.log": False}, done
         assert not sm.finished_log(os.path.join(d, "missing.log"))
+        # --only: semicolons between names, since a family's label holds commas.
+        fam = "MLA kernels (rope/cache, head GEMM, weight layout)"
+        assert fam in [label for label, _ in sm.TEST_FAMILIES]
+        pool = [(fam, "", "memcheck", [], ""), ("m128n128_ws2_st5", "", "memcheck", [], ""), ("other", "", "x", [], "")]
+        assert [j[0] for j in sm.select_only(pool, fam + ";m128n128_ws2_st5")] == [fam, "m128n128_ws2_st5"]
+        assert sm.select_only(pool, "") == pool
+        try:
+            sm.select_only(pool, "MLA kernels (rope/cache")  # a label cut at its comma: refused, not empty
+            raise AssertionError("a name matching nothing was accepted")
+        except SystemExit as e:
+            assert "no configuration or family" in str(e), e
         jobs = [(f, os.path.join(d, f)) for f in ("synccheck__m128n128_ws2_st5.log", "racecheck__m128n128_ws2_st5.log",
                                                  "racecheck__never.log", "memcheck__never.log")]
         order = [f for f, _ in sm.resume_jobs(jobs)]

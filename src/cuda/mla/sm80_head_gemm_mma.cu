@@ -78,6 +78,11 @@ struct Shape {
   static constexpr int kColsPerCta = 16 * kColWarps;   // two n8 tiles per warp
   static constexpr int kTilesPerWarp = 4 / kRowGroups;
   static_assert(4 % kRowGroups == 0, "the 4 row tiles split evenly between the row groups");
+  // CTAs per SM the register budget must allow (__launch_bounds__): shared memory holds five
+  // 4-warp CTAs at small k (q_nope . W_UK, 41 KB at 64 rows) and one 8-warp CTA at k >= 384.
+  // Without it ptxas capped these kernels at 80 registers and spilled 4 bytes once the FP8
+  // epilogue was added.
+  static constexpr int kMinCtasPerSm = kWarps == 4 ? 5 : 1;
 };
 constexpr int kRowTiles = 4;
 constexpr int kWideK = 384;  // from here on a CTA takes 8 warps (launch_head_gemm)
@@ -194,7 +199,7 @@ __device__ __forceinline__ void store_fp8(const HeadGemmArgs& a, uint8_t* smem,
 }
 
 template <int kColWarps, int kRowGroups>
-__global__ void __launch_bounds__(Shape<kColWarps, kRowGroups>::kThreads)
+__global__ void __launch_bounds__(Shape<kColWarps, kRowGroups>::kThreads, Shape<kColWarps, kRowGroups>::kMinCtasPerSm)
     head_gemm_kernel(const HeadGemmArgs a, const int pitch, const bool release_early) {
   using S = Shape<kColWarps, kRowGroups>;
   extern __shared__ __align__(16) uint8_t smem[];

@@ -39,9 +39,9 @@ extern "C" {
 
 typedef struct fp8proj_fp8_gemm fp8proj_fp8_gemm;
 
-/* Binds one FP8 weight (the buffers must outlive the handle; each run reads the values where they
- * are, and the scales too, except the cublaslt_fp8_block backend where K/128 is not a multiple of
- * 4: it copies them here into its row stride, so scales changed in place need a new handle).
+/* Binds one FP8 weight (the buffers must outlive the handle; each run reads the values and the
+ * scales as they are at that run -- the cublaslt_fp8_block backend, where K/128 is not a multiple
+ * of 4, copies the scales into its row stride on the stream before each run).
  * backend: NULL or "auto" for the default block-scaled backend of this GPU and shape, or a
  * backend's name ("sm90_fp8_block", "cublaslt_fp8_block"). Per M the plan runs the configuration the tuned table
  * (configs/<gpu>.json, FP8PROJ_TUNE_FILE) names for that M's bucket, else the backend's

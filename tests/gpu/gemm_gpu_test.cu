@@ -541,6 +541,67 @@ TEST_P(GraphCaptureGpu, QuantizeThenGemmReplays) {
 
 INSTANTIATE_TEST_SUITE_P(Backends, GraphCaptureGpu, ::testing::ValuesIn(kFp8Backends));
 
+// A plan reads the weight's scales as they are at each call, eager and replayed from a captured
+// graph: doubling every scale in place doubles every output exactly (powers of two). K/128 = 3
+// is the cuBLASLt backend's padded scale stride (restaged before each call); 4 reads in place.
+class WeightScalesInPlaceGpu : public GpuTest, public ::testing::WithParamInterface<std::tuple<std::string, int64_t>> {};
+
+TEST_P(WeightScalesInPlaceGpu, ChangedScalesAreRead) {
+  const auto& [name, k] = GetParam();
+  std::string reason;
+  const GemmBackend* backend = backend_or_skip_reason(name, reason);
+  if (!backend) GTEST_SKIP() << reason;
+  const int64_t m = 13, n = 256;
+  if (const std::string why = backend->unsupported_reason(n, k); !why.empty()) GTEST_SKIP() << why;
+  const auto w = testing::normal_rows_bf16(n, k, 17, 0.05f);
+  const auto x = testing::normal_rows_bf16(m, k, 18);
+  HostFp8Weight qw = make_host_fp8_weight(n, k);
+  HostFp8Activation qx = make_host_fp8_activation(m, k);
+  cpu::quantize_weight(w.data(), n, k, qw.out());
+  cpu::quantize_activation(x.data(), m, k, qx.out());
+  Buffer wv = to_device(qw.values), ws = to_device(qw.scales), xv = to_device(qx.values), xs = to_device(qx.scales);
+  GemmPlanOptions options;
+  options.max_m = 64;
+  const auto plan = backend->plan_fp8({wv.data<uint8_t>(), ws.data<float>(), n, k}, options);
+  const Fp8ActivationView view{xv.data<uint8_t>(), xs.data<float>(), m, k, qx.scale_ld};
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  Buffer y1 = poisoned(m * n * sizeof(bf16)), y2 = poisoned(m * n * sizeof(bf16)), y3 = poisoned(m * n * sizeof(bf16));
+  plan->run(view, y1.data<bf16>(), stream);
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+  plan->run(view, y3.data<bf16>(), stream);
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  std::vector<float> doubled = qw.scales;
+  for (float& v : doubled) v *= 2.0f;
+  ASSERT_EQ(cudaMemcpy(ws.data(), doubled.data(), doubled.size() * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+  plan->run(view, y2.data<bf16>(), stream);
+  ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  const auto a = to_host<bf16>(y1.data(), m * n), b = to_host<bf16>(y2.data(), m * n), c = to_host<bf16>(y3.data(), m * n);
+  EXPECT_EQ(count_non_finite(a), 0);
+  int64_t eager_off = 0, graph_off = 0;
+  for (int64_t i = 0; i < m * n; ++i) {
+    const float want = 2.0f * bf16_to_float(a[i]);
+    eager_off += bf16_to_float(b[i]) != want;
+    graph_off += bf16_to_float(c[i]) != want;
+  }
+  EXPECT_EQ(eager_off, 0) << name << " K=" << k << ": eager outputs not doubled after the scales were";
+  EXPECT_EQ(graph_off, 0) << name << " K=" << k << ": graph-replay outputs not doubled after the scales were";
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, WeightScalesInPlaceGpu,
+                         ::testing::Combine(::testing::ValuesIn(kFp8Backends), ::testing::Values(int64_t{384}, int64_t{512})),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_k" + std::to_string(std::get<1>(info.param));
+                         });
+
 
 // ---- the 64-row swap-AB tile over a long K, launched back to back -----------------------------
 

@@ -18,8 +18,9 @@
 //   A, BLK128x128  [ceil(N/128), ceil(K/128)] : [round_up(ceil(K/128), 4), 1] — K blocks
 //                  contiguous, each row padded to a multiple of 4 floats (16 bytes).
 //                  Ours (tensor.hpp) is the same with stride ceil(K/128): identical whenever
-//                  K/128 is a multiple of 4 (every model shape), otherwise the plan makes a
-//                  padded copy at construction.
+//                  K/128 is a multiple of 4 (every model shape), otherwise the plan restages
+//                  them into a padded buffer on the stream before every call (N/128 x K/128
+//                  floats), so that scales changed in place are read as they are now.
 //   B, VEC128      [K/128, M] : [M, 1] — M-contiguous ("MN-major"), exactly our activation
 //                  layout when scale_ld == M. TransformerEngine (common/gemm/cublaslt_gemm.cu)
 //                  requires, from observation, the outer dimension of a VEC128 B operand — our
@@ -63,14 +64,15 @@ class CublasLtFp8Plan final : public Fp8GemmPlan {
     matmul_.desc().set(CUBLASLT_MATMUL_DESC_A_SCALE_MODE, a_mode);
     matmul_.desc().set(CUBLASLT_MATMUL_DESC_B_SCALE_MODE, b_mode);
 
-    // Weight scales in cuBLASLt's row stride (a copy only when K/128 is not a multiple of 4).
-    const int64_t nb = w.n / kScaleBlock, kb4 = round_up(kb_, 4);
+    // Weight scales in cuBLASLt's row stride: where K/128 is not a multiple of 4, a padded buffer
+    // that run() refills from the caller's scales before every call (restage_weight_scales).
+    nb_ = w.n / kScaleBlock;
+    kb4_ = round_up(kb_, 4);
+    src_scales_ = w.scales;
     const float* a_scales = w.scales;
-    if (kb4 != kb_) {
-      weight_scales_ = Buffer(MemorySpace::device, static_cast<size_t>(nb * kb4) * sizeof(float));
+    if (kb4_ != kb_) {
+      weight_scales_ = Buffer(MemorySpace::device, static_cast<size_t>(nb_ * kb4_) * sizeof(float));
       CUDA_CHECK(cudaMemset(weight_scales_.data(), 0, weight_scales_.bytes()));
-      CUDA_CHECK(cudaMemcpy2D(weight_scales_.data(), kb4 * sizeof(float), w.scales, kb_ * sizeof(float),
-                              kb_ * sizeof(float), nb, cudaMemcpyDefault));
       a_scales = weight_scales_.data<float>();
     }
     matmul_.desc().set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, a_scales);
@@ -97,6 +99,7 @@ class CublasLtFp8Plan final : public Fp8GemmPlan {
     FP8PROJ_CHECK(is_aligned16(x.values) && is_aligned16(x.scales) && is_aligned16(y), kName,
                   ": activation values, scales and output must be 16-byte aligned");
     const auto s = static_cast<cudaStream_t>(stream);
+    restage_weight_scales(s);
     const int64_t m = x.m, m8 = m - m % kRowMultiple, tail = m % kRowMultiple;
     if (m8 > 0) {
       const float* scales = x.scales;
@@ -138,6 +141,15 @@ class CublasLtFp8Plan final : public Fp8GemmPlan {
     matmul_.run(matmul_.algo(m, values, y), values, y, workspace_.data(), s);
   }
 
+  // The weight's scales as they are now, in cuBLASLt's padded row stride, ordered on the stream
+  // before the call that reads them (a copy node inside a captured graph). A copy made once at
+  // construction would go on reading scales the caller has since changed in place.
+  void restage_weight_scales(cudaStream_t s) {
+    if (weight_scales_.empty()) return;
+    CUDA_CHECK(cudaMemcpy2DAsync(weight_scales_.data(), kb4_ * sizeof(float), src_scales_, kb_ * sizeof(float),
+                                 kb_ * sizeof(float), nb_, cudaMemcpyDeviceToDevice, s));
+  }
+
   float* main_scales() const { return staging_.data<float>(); }
   uint8_t* tail_values() const { return staging_.data<uint8_t>() + main_scales_bytes_; }
   float* tail_scales() const {
@@ -149,6 +161,8 @@ class CublasLtFp8Plan final : public Fp8GemmPlan {
   }
 
   int64_t n_, k_, kb_, max_m_;
+  int64_t nb_ = 0, kb4_ = 0;
+  const float* src_scales_ = nullptr;  // the caller's weight scales (they outlive the plan)
   lt::TnMatmul matmul_;
   Buffer weight_scales_, staging_, workspace_;
   size_t main_scales_bytes_ = 0, tail_values_bytes_ = 0, tail_scales_bytes_ = 0;

@@ -10,6 +10,7 @@
 
 #include "core/cuda_check.hpp"
 #include "core/pdl.hpp"
+#include "fp8proj/device.hpp"
 
 namespace fp8proj::gpu {
 
@@ -20,6 +21,15 @@ struct LaunchShape {
   cudaStream_t stream = nullptr;
   unsigned cluster = 1;  // CTAs per cluster along x
 };
+
+// Whether a kernel whose dependent is a GEMM of one-SM CTAs may release it right after its own
+// wait (cuda/common/pdl.cuh, rule 3) or only after its stores: early only from a grid that holds
+// at most a quarter of the SMs. Released early from a larger grid, the GEMM's CTAs started split
+// around it and lost more than the overlap gained (the activation quantizer before DeepSeek-V3
+// o_proj TP 1, M = 33-64: quantize + GEMM 42 -> 56 us; the absorbed value projection writing
+// o_proj's FP8 input at TP 1: the decode step 8 us slower; bench/results/decode/pdl-trigger/,
+// bench/results/decode/absorb-quant/).
+inline bool release_dependents_early(int64_t grid_ctas) { return grid_ctas * 4 <= current_device().sm_count; }
 
 template <class... Params, class... Args>
 void launch_kernel(const LaunchShape& s, void (*kernel)(Params...), Args&&... args) {

@@ -316,14 +316,12 @@ void launch_shape(const HeadGemmArgs& a, cudaStream_t stream) {
   // A 64-column CTA writing FP8 shares its group with the next CTA along x (n % 128 == 0, so
   // grid.x is even and the pairs are the groups).
   const unsigned cluster = fp8_out && S::kColsPerCta == 64 ? 2 : 1;
-  // Under PDL the kernel after an FP8-writing one is o_proj's GEMM, whose CTAs take a whole SM:
-  // released right after the wait from a grid that holds most SMs (DeepSeek-V3 TP 1, 64 rows:
-  // 128 one-SM CTAs), its start split around this grid and the decode step took 8-10 us more
-  // than with the separate quantizer (bench/results/decode/absorb-quant/). The activation
-  // quantizer's rule, for the same reason: early from at most a quarter of the SMs, else after
-  // the stores. The bf16 output's dependents (the quantizer, the attention) stay released early.
+  // Under PDL the kernel after an FP8-writing one is o_proj's GEMM of one-SM CTAs: released as
+  // release_dependents_early says (DeepSeek-V3 TP 1, 64 rows: 128 one-SM CTAs here, released
+  // early the step took 8-10 us more). The bf16 output's dependents (the quantizer, the
+  // attention) stay released right after the wait.
   const int64_t ctas = int64_t{grid.x} * grid.y * grid.z;
-  const bool release_early = !fp8_out || ctas * 4 <= current_device().sm_count;
+  const bool release_early = !fp8_out || fp8proj::gpu::release_dependents_early(ctas);
   fp8proj::gpu::launch_kernel({grid, dim3(S::kThreads), static_cast<size_t>(smem), stream, cluster}, kernel, a,
                               pitch_bytes(a.k), release_early);
 }

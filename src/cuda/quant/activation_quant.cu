@@ -108,15 +108,10 @@ void launch_activation_quant(const bf16* x, int64_t m, int64_t k, const Fp8Activ
   if (m == 0) return;
   const dim3 grid(static_cast<unsigned>(ceil_div(k, kTileCols)), static_cast<unsigned>(ceil_div(m, kTileRows)));
   const LaunchShape shape{grid, dim3(kThreads), 0, stream};
-  // Under programmatic dependent launch (FP8PROJ_PDL=1) the kernel after this one -- a GEMM whose
-  // CTAs take a whole SM each -- may start on the SMs this grid leaves free as soon as this grid
-  // releases it. Released right after the wait, a grid holding many SMs split the GEMM's start:
-  // DeepSeek-V3 o_proj TP 1 at M = 33-64 (64 quantizer CTAs, 112 GEMM CTAs) took 56 instead of
-  // 42 us with PDL, the decode step 7.5% more time; released at the end instead, every decode
-  // step measured took less time with PDL than without, but those behind small grids (TP 8)
-  // 2-8% more than with the early release (bench/results/decode/pdl-trigger/). So: early where
-  // this grid holds at most a quarter of the SMs, else at the end.
-  const bool release_early = static_cast<int64_t>(grid.x) * grid.y * 4 <= current_device().sm_count;
+  // Under PDL the kernel after this one is a GEMM of one-SM CTAs: released right after the wait
+  // only from a small grid (release_dependents_early), else after the stores. Always at the end
+  // was 2-8% slower behind the small TP 8 grids (bench/results/decode/pdl-trigger/).
+  const bool release_early = release_dependents_early(static_cast<int64_t>(grid.x) * grid.y);
   if (mode == ScaleMode::ue8m0)
     launch_kernel(shape, activation_quant_kernel<ScaleMode::ue8m0>, x, m, k, out.values, out.scales, out.scale_ld,
                   release_early);

@@ -18,6 +18,11 @@
 //   cache_start [B], cache_len [B] int32 in the memory space of the tensors (read on the
 //            device, so a CUDA graph replays with new lengths): sequence b's tokens are cache
 //            rows [cache_start[b], cache_start[b] + cache_len[b]), len >= 1.
+//   cache_rows: the capacity (rows the cache buffer holds). The device kernel loads whole
+//            64-row blocks through a TMA descriptor of that extent: rows past a sequence's end
+//            are never used (whatever they hold, NaN included), rows past cache_rows read as
+//            zeros instead of faulting. Required on the device; on the host, every sequence
+//            must end within it when it is set.
 //   out_latent [B, H, kv_lora] bf16 = softmax(scale * (q_latent.c_kv + q_rope.k_rope)) . c_kv
 #pragma once
 
@@ -53,6 +58,7 @@ struct DecodeAttentionArgs {
   const bf16* q_latent = nullptr;
   const bf16* q_rope = nullptr;
   const bf16* cache = nullptr;
+  int64_t cache_rows = 0;  // capacity of `cache` in rows (see above)
   const int32_t* cache_start = nullptr;
   const int32_t* cache_len = nullptr;
   bf16* out_latent = nullptr;

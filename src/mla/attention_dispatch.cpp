@@ -151,9 +151,13 @@ void prefill_attention(MemorySpace space, const PrefillAttentionArgs& a, StreamH
 void decode_attention(MemorySpace space, const DecodeAttentionArgs& a, StreamHandle stream) {
   if (!check_decode(a)) return;
   if (space == MemorySpace::host) {
-    for (int b = 0; b < a.batch; ++b)
+    for (int b = 0; b < a.batch; ++b) {
       FP8PROJ_CHECK(a.cache_start[b] >= 0 && a.cache_len[b] >= 0, "decode attention: sequence ", b,
                     " has cache_start=", a.cache_start[b], " cache_len=", a.cache_len[b], " (both must be >= 0)");
+      FP8PROJ_CHECK(a.cache_rows <= 0 || int64_t{a.cache_start[b]} + a.cache_len[b] <= a.cache_rows,
+                    "decode attention: sequence ", b, " ends at cache row ", int64_t{a.cache_start[b]} + a.cache_len[b],
+                    ", past cache_rows=", a.cache_rows);
+    }
     cpu::decode_attention(a);
     return;
   }
@@ -165,6 +169,10 @@ void decode_attention(MemorySpace space, const DecodeAttentionArgs& a, StreamHan
   check_aligned(a.q_latent, "q_latent");
   check_aligned(a.q_rope, "q_rope");
   check_aligned(a.cache, "cache");
+  FP8PROJ_CHECK(a.cache_rows > 0 && a.cache_rows < (int64_t{1} << 31),
+                "device decode attention needs cache_rows, the cache's capacity in rows (1 .. 2^31 - 1; the "
+                "kernel's TMA descriptor spans it), got ",
+                a.cache_rows);
   check_aligned(a.out_latent, "out_latent");
   FP8PROJ_CHECK(a.batch <= 65535, "device decode attention takes at most 65535 sequences per call, got ", a.batch);
   size_t workspace_bytes = 0;

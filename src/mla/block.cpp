@@ -498,6 +498,7 @@ void MlaBlock::Impl::decode(const Input& in, const MlaDecodeBatch& batch, bf16* 
   a.q_latent = s.q_latent.data<bf16>();
   a.q_rope = s.q_rope.data<bf16>();
   a.cache = s.cache.data<bf16>();
+  a.cache_rows = s.capacity;
   a.cache_start = batch.cache_start;
   a.cache_len = s.cache_len.data<int32_t>();
   a.out_latent = s.out_latent.data<bf16>();

@@ -226,6 +226,7 @@ struct DecodeCase {
     a.q_latent = q_latent.data();
     a.q_rope = q_rope.data();
     a.cache = cache.data();
+    a.cache_rows = capacity;
     a.cache_start = start.data();
     a.cache_len = len.data();
     a.out_latent = out.data();
@@ -306,6 +307,9 @@ TEST(DecodeReference, RejectsBadArgumentsAndNeedsNoWorkspace) {
   std::vector<int32_t> negative = {-1};
   a = c.args();
   a.cache_len = negative.data();
+  EXPECT_THROW(decode_attention(MemorySpace::host, a, nullptr), Error);
+  a = c.args();
+  a.cache_rows = 4;  // sequence 0 ends at row 5
   EXPECT_THROW(decode_attention(MemorySpace::host, a, nullptr), Error);
   a = c.args();
   a.batch = 0;  // nothing to do

@@ -550,6 +550,7 @@ struct DecodeProblem {
     a.q_latent = ql;
     a.q_rope = qr;
     a.cache = c;
+    a.cache_rows = capacity;
     a.cache_start = st;
     a.cache_len = ln;
     a.out_latent = out;
@@ -629,6 +630,53 @@ INSTANTIATE_TEST_SUITE_P(Heads, DecodeAttentionGpu,
                          [](const auto& info) {
                            return "H" + std::to_string(info.param.heads) + (info.param.workspace ? "_split" : "_unsplit");
                          });
+
+class DecodeAttentionGpuCacheRows : public GpuTest {};
+
+// The kernel loads whole 64-row blocks: a sequence's last block takes rows past its end (another
+// sequence's, the gaps between them, never-written rows). Those rows hold NaN here, the last
+// sequence ends on the cache's last row (its block reaches past cache_rows: TMA zero-fill), and
+// the outputs must be those of the reference, which reads only each sequence's own rows.
+TEST_F(DecodeAttentionGpuCacheRows, RowsPastASequenceNeverReachItsOutput) {
+  for (const int heads : {16, 128}) {
+    DecodeProblem p(heads, {1, 70, 129, 1000, 64}, 31u + heads);
+    p.capacity = int64_t{p.start[0]} + p.len[0];  // sequence 0 lies last: it ends on the cache's last row
+    p.cache.resize(static_cast<size_t>(p.capacity * kRow));
+    std::vector<bool> used(static_cast<size_t>(p.capacity), false);
+    for (int b = 0; b < p.batch(); ++b)
+      for (int r = 0; r < p.len[b]; ++r) used[static_cast<size_t>(p.start[b] + r)] = true;
+    int64_t poisoned_rows = 0;
+    for (int64_t r = 0; r < p.capacity; ++r)
+      if (!used[static_cast<size_t>(r)]) {
+        ++poisoned_rows;
+        for (int c = 0; c < kRow; ++c) p.cache[static_cast<size_t>(r * kRow + c)] = bf16{0x7FC0};  // NaN
+      }
+    ASSERT_GT(poisoned_rows, 0);
+    const auto ref = p.reference();
+    for (const bool split : {false, true}) {
+      DecodeDeviceBuffers d(p, split);
+      decode_attention(MemorySpace::device, d.args, nullptr);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const auto got = to_host<bf16>(d.out.data(), ref.size());
+      const Comparison c =
+          compare_rows(got, ref, int64_t{p.batch()} * p.heads, kLora, [&](int64_t r) { return p.bins(r); });
+      std::printf("[decode H=%d %s, %ld NaN rows outside the sequences] rel Frobenius %.3e, non-finite %ld\n", heads,
+                  split ? "split-KV" : "unsplit", long(poisoned_rows), c.rel, long(c.non_finite));
+      EXPECT_EQ(c.non_finite, 0) << "a NaN row outside the sequences reached the output; first at element " << c.worst;
+      EXPECT_LE(c.rel, kAttnRelTol) << c.breakdown;
+    }
+  }
+}
+
+TEST_F(DecodeAttentionGpuCacheRows, DeviceNeedsTheCacheExtent) {
+  const DecodeProblem p(64, {5, 9}, 3u);
+  DecodeDeviceBuffers d(p, false);
+  DecodeAttentionArgs a = d.args;
+  a.cache_rows = 0;
+  EXPECT_THROW(decode_attention(MemorySpace::device, a, nullptr), Error);
+  a.cache_rows = int64_t{1} << 31;
+  EXPECT_THROW(decode_attention(MemorySpace::device, a, nullptr), Error);
+}
 
 class DecodeAttentionGpuGraph : public GpuTest {};
 
@@ -786,6 +834,7 @@ TEST_P(DecodeAttentionGpuSpeed, Bandwidth) {
   a.q_latent = ql.data<bf16>();
   a.q_rope = qr.data<bf16>();
   a.cache = cache.data<bf16>();
+  a.cache_rows = rows;
   a.cache_start = dstart.data<int32_t>();
   a.cache_len = dlen.data<int32_t>();
   a.out_latent = out.data<bf16>();

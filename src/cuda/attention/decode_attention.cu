@@ -29,9 +29,18 @@
 //     2200 SM cycles at the dense peak, 3600 at the HBM rate per SM (4.8 TB/s / 132). Computing
 //     the whole S in both warpgroups (no exchange, 13.6 MFLOP per block) was 1-6% slower on the
 //     decode step's attention stage: the kernel is not bound by its tensor work (docs/decode.md).
-//   - cp.async double buffering, 64 tokens per stage: Q 72 KB + 2 x 72 KB = 216 KB of shared
-//     memory, + 8.5 KB for the exchange (a third stage does not fit in 227 KB). Registers per
-//     thread: O 64x256 fp32 / 128 = 128, S 16, P 16.
+//   - Cache blocks by TMA, double-buffered, 64 tokens per stage: one thread issues the block's
+//     nine 64-column panels (box 64 x 64, 128-byte swizzle: the SW128 tile layout) on the stage's
+//     mbarrier; Q (once per CTA) by cp.async. Q 72 KB + 2 x 72 KB = 216 KB of shared memory,
+//     + 8.5 KB for the exchange (a third stage does not fit in 227 KB). Registers per thread:
+//     O 64x256 fp32 / 128 = 128, S 16, P 16. The cp.async form of the same loads took ~270 of
+//     the loop's ~900 instructions per warp and block (addresses, zero-fill selects: SASS), in
+//     front of S's MMAs; the kernel issues at 0.36 instructions per cycle and scheduler, so
+//     instructions are time here (docs/decode.md).
+//     TMA reads whole 64-row boxes: rows of a sequence's last block past its length are real
+//     cache rows (another sequence's, or never written: any bits, NaN included), so the kernel
+//     zeroes their c_kv columns in shared memory before the MMAs (0 * V stays 0; their scores
+//     are masked to -inf); rows past the cache's end (cache_rows) load as zeros.
 //   - splits > 1 when batch x head groups leaves SMs idle (host heuristic, fixed at capture);
 //     decode_combine_kernel then merges the splits of each (b, h) in split order (fixed order:
 //     the result does not depend on scheduling).
@@ -43,12 +52,16 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "cuda/attention/attention_kernels.hpp"
 #include "cuda/attention/sm90_attention_common.cuh"
 #include "core/cuda_check.hpp"
 #include "cuda/common/launch.hpp"
 #include "cuda/common/pdl.cuh"
+#include "cuda/common/tensor_map.hpp"
+#include "cuda/kernels/ptx/mbarrier.cuh"
+#include "cuda/kernels/ptx/tma.cuh"
 
 namespace fp8proj::gpu {
 namespace attn {
@@ -73,16 +86,18 @@ static_assert(kDqk % 64 == 0 && kLora % 128 == 0, "the cache row is whole 64-col
 // twice the barriers and Q reads per key) measured 3-23% slower (docs/decode.md).
 constexpr int kBlockN = 64;
 constexpr int kStages = 2;
-constexpr int kTileBytes = kBlockN * kDqk * 2;  // a cache block: 73728
-constexpr int kPanelBytes = kBlockN * 128;      // one 64-column panel of it
+constexpr int kTileBytes = kBlockN * kDqk * 2;  // a cache block: 73728 (the TMA bytes of a stage)
+constexpr int kPanelBytes = kBlockN * 128;      // one 64-column panel of it (one TMA box)
 constexpr int kHalfN = kBlockN / 2;             // keys of a block per warpgroup in S = Q.K^T
 constexpr int kXchMaxBytes = 2 * kHeads * 4;    // row maxima / sums, per warpgroup
 constexpr int kXchPBytes = 2 * (kHalfN / 4) * kWarpgroupThreads * 4;  // P fragments, per warpgroup
 constexpr int kTilesBytes = kQTileBytes + kStages * kTileBytes;
-constexpr int kSmemBytes = kTilesBytes + kXchMaxBytes + kXchPBytes;
+constexpr int kOffBar = kTilesBytes + kXchMaxBytes + kXchPBytes;  // kStages "block landed" mbarriers
+constexpr int kSmemBytes = kOffBar + kStages * 8;
 static_assert(kSmemBytes <= kSmemLimitBytes, "Q, the cache stages and the exchange must fit in 227 KB");
 static_assert(kHeads * kOutPitch <= kTilesBytes, "the output staging area reuses the tiles");
 static_assert(kHalfN % 16 == 0, "a warpgroup's half of a block is whole k16 steps of P.V");
+static_assert(kOffBar % 8 == 0, "mbarriers are 8-byte aligned");
 
 struct DecodeParams {
   const bf16* q_latent;
@@ -98,16 +113,28 @@ struct DecodeParams {
   float scale_log2;
 };
 
-__global__ void __launch_bounds__(kThreads, 1) decode_attention_sm90_kernel(const DecodeParams p) {
+// tmap_cache: the cache as a 2D tensor [cache_rows][576] bf16, box 64 columns x 64 rows, 128-byte
+// swizzle (launch_decode_attention).
+__global__ void __launch_bounds__(kThreads, 1)
+    decode_attention_sm90_kernel(const __grid_constant__ CUtensorMap tmap_cache, const DecodeParams p) {
+  namespace ptx = sm90::ptx;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw_addr = smem_addr(smem_raw);
   const uint32_t base = (raw_addr + 1023u) & ~1023u;
   uint8_t* smem = smem_raw + (base - raw_addr);
   const uint32_t q_tile = base;
   auto kv_tile = [&](int stage) { return base + kQTileBytes + stage * kTileBytes; };
+  uint64_t* landed = reinterpret_cast<uint64_t*>(smem + kOffBar);
 
   const int split = blockIdx.x, head0 = blockIdx.y * kHeads, b = blockIdx.z;
   const int tid = threadIdx.x, wg = tid / kWarpgroupThreads, wg_tid = tid % kWarpgroupThreads;
+  if (tid == 0) {
+    ptx::prefetch_tensormap(&tmap_cache);
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) ptx::mbarrier_init(landed + s, 1);
+    ptx::mbarrier_init_fence();
+  }
+  // (The barrier before the first wait on `landed` is the one after Q's copies, below.)
   pdl_wait_then_release();  // cache_len, q and the cache come from the kernels before (cuda/common/pdl.cuh)
   const int start = p.cache_start[b], len = p.cache_len[b];
   const int nb = len > 0 ? (len + kBlockN - 1) / kBlockN : 0;
@@ -144,16 +171,22 @@ __global__ void __launch_bounds__(kThreads, 1) decode_attention_sm90_kernel(cons
                     !valid ? p.q_latent : panel < kLora / 64 ? lat + panel * 64 : rope, valid ? 16 : 0);
     }
   }
-  const bf16* kv = p.cache + static_cast<int64_t>(start) * kDqk;
+  cp_async_commit();
+  // Block n of the sequence into its stage: nine boxes of 64 rows x 64 columns (one thread).
   auto load_block = [&](int n) {
-    load_tile<kBlockN, kDqk, kThreads>(kv_tile((n - blk0) % kStages), kv + static_cast<int64_t>(n) * kBlockN * kDqk,
-                                       kDqk, len - n * kBlockN, tid);
-  };
+    const int stage = (n - blk0) % kStages;
+    uint64_t* bar = landed + stage;
+    ptx::mbarrier_arrive_expect_tx(bar, kTileBytes);  // out-of-bounds rows count too (zero-filled)
+    uint8_t* dst = smem + kQTileBytes + stage * kTileBytes;
+    const int32_t row = start + n * kBlockN;
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (blk0 + s < blk1) load_block(blk0 + s);
-    cp_async_commit();
-  }
+    for (int panel = 0; panel < kDqk / 64; ++panel)
+      ptx::tma_load_2d(dst + panel * kPanelBytes, &tmap_cache, bar, panel * 64, row);
+  };
+  if (tid == 0) load_block(blk0);
+  cp_async_wait<0>();
+  fence_proxy_async_shared();
+  __syncthreads();  // Q visible to the MMAs; the barriers' initialisation visible to every thread
 
   float o[kDvPerWg / 2];
 #pragma unroll
@@ -172,23 +205,54 @@ __global__ void __launch_bounds__(kThreads, 1) decode_attention_sm90_kernel(cons
   const uint64_t v_desc0 = desc_nmajor(kv_tile(0) + wg * 4 * kPanelBytes, kPanelBytes);
 
   for (int n = blk0; n < blk1; ++n) {
-    cp_async_wait<kStages - 2>();
-    fence_proxy_async_shared();
-    __syncthreads();  // block n visible; both warpgroups are done with the stage reloaded next
-    if (n + kStages - 1 < blk1) load_block(n + kStages - 1);
-    cp_async_commit();
-    const uint32_t stage_off = ((n - blk0) % kStages) * kTileBytes;
-    const uint64_t k_desc = desc_advance(k_desc0, stage_off), v_desc = desc_advance(v_desc0, stage_off);
+    static_assert(kStages == 2, "block n + 1 goes into the stage block n - 1 used");
+    if (n > blk0) __syncthreads();  // both warpgroups are done with the stage reloaded next
+    if (tid == 0 && n + 1 < blk1) load_block(n + 1);
+    const int stage = (n - blk0) % kStages;
+    ptx::mbarrier_wait(landed + stage, static_cast<uint32_t>(((n - blk0) / kStages) & 1));
+    if (const int valid = len - n * kBlockN; valid < kBlockN) {
+      // The sequence's last block: zero the c_kv columns (panels 0-7, V of P.V) of the rows past
+      // its end, which TMA read from the cache as they are. Whole 128-byte rows of a panel: the
+      // swizzle permutes 16-byte units within a row.
+      uint8_t* tile = smem + kQTileBytes + stage * kTileBytes;
+      const int units = (kBlockN - valid) * 8;  // 16-byte units per panel past the end
+      for (int idx = tid; idx < (kLora / 64) * units; idx += kThreads) {
+        const int panel = idx / units, u = idx % units;
+        *reinterpret_cast<uint4*>(tile + panel * kPanelBytes + valid * 128 + u * 16) = make_uint4(0, 0, 0, 0);
+      }
+      fence_proxy_async_shared();  // generic-proxy stores, read next by the MMAs (async proxy)
+      __syncthreads();
+    }
+    const uint32_t stage_off = stage * kTileBytes;
+    const uint64_t v_desc = desc_advance(v_desc0, stage_off);
 
     // S for this warpgroup's half of the block: keys [32 wg, 32 wg + 32) (rows of the tile;
-    // 32 rows = 4 KB, a whole number of 8-row swizzle atoms).
+    // 32 rows = 4 KB, a whole number of 8-row swizzle atoms). One copy of the 36 k-steps per
+    // (stage, warpgroup): their descriptors are then the uniform base plus immediates, where a
+    // stage or warpgroup known only at run time (a per-thread value to the compiler) cost two
+    // register-to-uniform moves and 64-bit adds per k-step (SASS).
     float s[kHalfN / 2];
     wgmma_fence();
+    auto s_block = [&](auto stage_c, auto wg_c) {
 #pragma unroll
-    for (int kk = 0; kk < kDqk / 16; ++kk) {
-      const uint32_t col = (kk % 4) * 32;  // k-step kk: panel kk / 4, bytes 32 (kk % 4) of its rows
-      WgmmaSS<kHalfN>::mma(desc_advance(q_desc, (kk / 4) * kQPanelBytes + col),
-                           desc_advance(k_desc, (kk / 4) * kPanelBytes + col + wg * kHalfN * 128), s, kk > 0 ? 1 : 0);
+      for (int kk = 0; kk < kDqk / 16; ++kk) {
+        const uint32_t col = (kk % 4) * 32;  // k-step kk: panel kk / 4, bytes 32 (kk % 4) of its rows
+        WgmmaSS<kHalfN>::mma(
+            desc_advance(q_desc, (kk / 4) * kQPanelBytes + col),
+            desc_advance(k_desc0, decltype(stage_c)::value * kTileBytes + (kk / 4) * kPanelBytes + col +
+                                      decltype(wg_c)::value * kHalfN * 128),
+            s, kk > 0 ? 1 : 0);
+      }
+    };
+    using Zero = std::integral_constant<int, 0>;
+    using One = std::integral_constant<int, 1>;
+    // The selector goes through a shuffle so that the compiler sees it warp-uniform: a branch it
+    // thinks divergent makes ptxas serialize every wgmma (warning C7520).
+    switch (__shfl_sync(0xffffffffu, stage * 2 + wg, 0)) {
+      case 0: s_block(Zero{}, Zero{}); break;
+      case 1: s_block(Zero{}, One{}); break;
+      case 2: s_block(One{}, Zero{}); break;
+      default: s_block(One{}, One{}); break;
     }
     wgmma_commit_group();
     wgmma_wait_group<0>();
@@ -246,8 +310,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_attention_sm90_kernel(cons
   rows.l[1] += xch_max[wg ^ 1][row0 + 8];
   const float inv_l[2] = {1.0f / rows.l[0], 1.0f / rows.l[1]};  // l >= 1: the row maximum adds 1
   if (p.splits == 1) {
-    cp_async_wait<0>();
-    __syncthreads();  // both warpgroups are done with the tiles the staging area overwrites
+    __syncthreads();  // both warpgroups are done with the tiles the staging area overwrites (no copy is in flight)
     stage_tile_bf16<kDvPerWg>(smem, kOutPitch, wg * kDvPerWg, o, inv_l, wg_tid);
     __syncthreads();
     store_staged_rows<kHeads, kLora, kThreads>(smem, kOutPitch, p.out + bh0 * kLora, kLora, valid_heads, tid);
@@ -322,6 +385,11 @@ void launch_decode_attention(const DecodeAttentionArgs& a, int splits, StreamHan
   constexpr int kSmem = attn::kSmemBytes + 1024;  // + the alignment slack of the dynamic base
   CUDA_CHECK(cudaFuncSetAttribute(attn::decode_attention_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   kSmem));
+  // The cache's rows past cache_rows read as zeros; its row stride (1152 B) is a multiple of 16.
+  const CUtensorMap tmap =
+      make_tensor_map_2d(CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, a.cache, kDecodeKvLora + kDecodeRope,
+                         static_cast<uint64_t>(a.cache_rows), (kDecodeKvLora + kDecodeRope) * sizeof(bf16), 64,
+                         attn::kBlockN, CU_TENSOR_MAP_SWIZZLE_128B, "decode attention cache");
   attn::DecodeParams p{};
   p.q_latent = a.q_latent;
   p.q_rope = a.q_rope;
@@ -340,7 +408,7 @@ void launch_decode_attention(const DecodeAttentionArgs& a, int splits, StreamHan
   const dim3 grid(static_cast<unsigned>(splits),
                   static_cast<unsigned>((a.heads + kDecodeHeadsPerCta - 1) / kDecodeHeadsPerCta),
                   static_cast<unsigned>(a.batch));
-  launch_kernel({grid, dim3(attn::kThreads), kSmem, s}, attn::decode_attention_sm90_kernel, p);
+  launch_kernel({grid, dim3(attn::kThreads), kSmem, s}, attn::decode_attention_sm90_kernel, tmap, p);
   if (splits > 1)
     launch_kernel({dim3(static_cast<unsigned>(static_cast<int64_t>(a.batch) * a.heads)), dim3(128), 0, s},
                   attn::decode_combine_kernel, p.part_o, p.part_lse, a.out_latent, splits);

@@ -81,6 +81,8 @@ def main():
                        (["soak", "--cpu", "--iterations", "5", "--seed", "18446744073709551616"], "--seed"),
                        (["soak", "--cpu", "--iterations", "5", "--shapes", "100x100"], "not a multiple of 128"),
                        (["soak", "--cpu", "--iterations", "5", "--paths", "fp9"], "--paths"),
+                       # the MLA block's iterations are the GPU's (the host block is their reference)
+                       (["soak", "--cpu", "--iterations", "5", "--paths", "mla"], "nothing left to run"),
                        (["soak", "--cpu", "--iterations", "5", "--m", "100000"], "65536"),
                        (["soak", "--cpu", "--iterations", "5", "--configs", "m128n192_ws2_st4"], "sm_90"),
                        (["soak", "--cpu", "--replay", "7"], "SEED:ITERATION"),

@@ -4,13 +4,15 @@
 // tuned table, the heuristic, a forced sm90 configuration, cuBLASLt's blockwise FP8), a stream,
 // eager or CUDA-graph replay, and L2 flushes; runs them into guarded, poisoned outputs; checks
 // guards, every element written and finite, sampled rows against the fp64 oracle, and bitwise
-// determinism. The first failure (or a CUDA error, or a hang) prints the seed, the iteration,
+// determinism; and (--paths mla, the GPU) the MLA block's decode step, eager and replayed as a
+// CUDA graph, and short prefills, against the host block. The first failure (or a CUDA error, or a hang) prints the seed, the iteration,
 // the failing launch, the launches before it and the command that replays it; exit status 1.
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -43,7 +45,7 @@ constexpr size_t kRingSize = 16;        // launches listed before a failure
 constexpr int64_t kMaxSoakM = 65536;    // twice the design's largest M; an output <= 4 GiB at N = 32768
 constexpr double kProgressSeconds = 5;  // a progress line at most this often
 constexpr int kMaxListedFailures = 20;  // with --no-stop-on-first, in the JSON
-const char* const kPathNames[] = {"bf16", "fp8", "cublaslt", "rmsnorm", "quantized"};
+const char* const kPathNames[] = {"bf16", "fp8", "cublaslt", "rmsnorm", "quantized", "mla"};
 
 std::vector<std::string> split_list(const std::string& text, const std::string& what) {
   std::vector<std::string> out;
@@ -89,8 +91,14 @@ class SoakRun {
   std::string draw_options() const;  // the options that shape the draw, as typed
   std::string counts_text() const;
   void progress(bool force);
-  nlohmann::json failure_json(const Draw& d, const IterationResult& r, const std::string& what) const;
-  void report_failure(const Draw& d, const IterationResult& r);
+  // An iteration as the failure report names it: its seed, index and draw (either kind).
+  struct Where {
+    uint64_t seed = 0, iteration = 0;
+    std::string draw;
+  };
+  nlohmann::json failure_json(const Where& w, const IterationResult& r, const std::string& what) const;
+  void report_failure(const Where& w, const IterationResult& r);
+  IterationResult run_mla(uint64_t iteration);  // an MLA iteration: draw, run, count, log
   void write_json() const;
   void write_json_locked() const;  // mu_ held
   void watchdog();
@@ -104,17 +112,20 @@ class SoakRun {
   std::unique_ptr<Streams> streams_;
   std::unique_ptr<GroupCache> cache_;
   std::unique_ptr<Runner> runner_;
+  std::unique_ptr<MlaRunner> mla_;
   FILE* log_ = nullptr;
 
   // Shared with the watchdog thread.
   mutable std::mutex mu_;
   std::deque<std::string> ring_;
   std::string current_;
-  const Draw* current_draw_ = nullptr;
+  std::optional<Where> current_where_;  // the iteration running (for the hang report)
   int64_t iterations_ = 0, launches_ = 0, failures_ = 0, guard_writes_ = 0, wrong_outputs_ = 0, errors_ = 0;
   std::map<std::string, int64_t> by_path_, by_variant_, by_stream_;
   int64_t graph_launches_ = 0, flushed_launches_ = 0, nan_iterations_ = 0, m0_iterations_ = 0,
-          chunked_iterations_ = 0, twins_ = 0, config_fallbacks_ = 0;
+          chunked_iterations_ = 0, twins_ = 0, config_fallbacks_ = 0, mla_iterations_ = 0;
+  double mla_max_err_ = 0;  // the largest MLA error seen, as a fraction of its tolerance
+  std::map<std::string, double> mla_worst_by_block_;  // the largest relative error per block mode
   nlohmann::json failures_json_ = nlohmann::json::array();
   std::chrono::steady_clock::time_point t0_, last_progress_;
   std::atomic<int64_t> heartbeat_ns_{0};
@@ -136,6 +147,7 @@ SoakRun::SoakRun(const SoakArgs& a) : a_(a), space_(choose_space(a.cpu)), gpu_(s
   cache_ = std::make_unique<GroupCache>(space_, budget, gpu_ ? 16 * gib : gib);
   runner_ = std::make_unique<Runner>(space_, *streams_, *cache_, parse_inject(a.inject),
                                      [this](const Launch& l) { on_launch(l); });
+  if (ds_.mla) mla_ = std::make_unique<MlaRunner>(*streams_, [this](const Launch& l) { on_launch(l); });
   if (gpu_ && ds_.flush) flush_l2(nullptr);  // its buffer now, never inside a graph capture
   if (!a.log.empty()) {
     log_ = std::fopen(a.log.c_str(), "w");
@@ -170,11 +182,12 @@ void SoakRun::setup_draw_space() {
     }
   // Paths.
   if (a_.paths != "all") {
-    ds_.bf16 = ds_.fp8 = ds_.cublaslt = ds_.rmsnorm = ds_.quantized = false;
+    ds_.bf16 = ds_.fp8 = ds_.cublaslt = ds_.rmsnorm = ds_.quantized = ds_.mla = false;
     for (const std::string& p : split_list(a_.paths, "--paths")) {
       bool* flag = p == "bf16" ? &ds_.bf16 : p == "fp8" ? &ds_.fp8 : p == "cublaslt" ? &ds_.cublaslt
-                   : p == "rmsnorm" ? &ds_.rmsnorm : p == "quantized" ? &ds_.quantized : nullptr;
-      FP8PROJ_CHECK(flag, "--paths: unknown path ", quote_excerpt(p), " (bf16, fp8, cublaslt, rmsnorm, quantized, all)");
+                   : p == "rmsnorm" ? &ds_.rmsnorm : p == "quantized" ? &ds_.quantized : p == "mla" ? &ds_.mla : nullptr;
+      FP8PROJ_CHECK(flag, "--paths: unknown path ", quote_excerpt(p),
+                    " (bf16, fp8, cublaslt, rmsnorm, quantized, mla, all)");
       *flag = true;
     }
   }
@@ -208,6 +221,14 @@ void SoakRun::setup_draw_space() {
     ds_.fp8 = ds_.quantized = ds_.tuned = ds_.heuristic = false;
     skipped_.push_back("every FP8 path (GPU " + current_device().arch() + ", the FP8 kernels need sm_90a)");
   }
+  if (ds_.mla && !(gpu_ && current_device().is_sm90())) {
+    ds_.mla = false;
+    skipped_.push_back(gpu_ ? "the MLA block (its decode attention needs sm_90a)"
+                            : "the MLA block (GPU only: its reference is the host block itself)");
+  }
+  FP8PROJ_CHECK(ds_.bf16 || ds_.fp8 || ds_.cublaslt || ds_.rmsnorm || ds_.quantized || ds_.mla,
+                "--paths ", quote_excerpt(a_.paths), ": nothing left to run here (skipped: ",
+                skipped_.empty() ? std::string("none") : skipped_.back(), ")");
   // Streams, graphs, flushes: the GPU's.
   ds_.streams = gpu_ ? a_.streams : 0;
   ds_.graphs = gpu_ && !a_.no_graphs && ds_.streams > 0;
@@ -267,12 +288,12 @@ void SoakRun::progress(bool force) {
   write_json_locked();  // so far: a run killed from outside still leaves its counts
 }
 
-nlohmann::json SoakRun::failure_json(const Draw& d, const IterationResult& r, const std::string& what) const {
+nlohmann::json SoakRun::failure_json(const Where& d, const IterationResult& r, const std::string& what) const {
   nlohmann::json j;
   j["seed"] = d.seed;
   j["iteration"] = d.iteration;
   j["what"] = what;
-  j["draw"] = d.describe();
+  j["draw"] = d.draw;
   j["launch"] = current_;
   j["explain"] = r.explains;
   j["outputs"] = nlohmann::json::array();
@@ -287,7 +308,7 @@ nlohmann::json SoakRun::failure_json(const Draw& d, const IterationResult& r, co
   return j;
 }
 
-void SoakRun::report_failure(const Draw& d, const IterationResult& r) {
+void SoakRun::report_failure(const Where& d, const IterationResult& r) {
   std::string what = !r.error.empty() ? "error: " + r.error
                                       : fmt::format("{} guard write(s), {} wrong output(s)", r.guard_writes,
                                                     r.wrong_outputs);
@@ -304,7 +325,7 @@ void SoakRun::report_failure(const Draw& d, const IterationResult& r) {
     std::fflush(stdout);
     return;
   }
-  fmt::print("  draw: {}\n", d.describe());
+  fmt::print("  draw: {}\n", d.draw);
   for (size_t i = 0; i < r.explains.size(); ++i) fmt::print("  call {}: {}\n", i, r.explains[i]);
   for (const auto& o : j["outputs"]) fmt::print("  {}\n", o.get<std::string>());
   for (const auto& n : r.notes) fmt::print("  note: {}\n", n);
@@ -339,7 +360,9 @@ void SoakRun::write_json_locked() const {
   j["coverage"] = {{"graph_launches", graph_launches_},     {"flushed_launches", flushed_launches_},
                    {"nan_planted_iterations", nan_iterations_}, {"m0_iterations", m0_iterations_},
                    {"chunked_iterations", chunked_iterations_}, {"twin_checks", twins_},
-                   {"forced_config_fallbacks", config_fallbacks_}, {"layer_groups_built", cache_->built()}};
+                   {"forced_config_fallbacks", config_fallbacks_}, {"layer_groups_built", cache_->built()},
+                   {"mla_iterations", mla_iterations_}, {"mla_worst_error_over_tolerance", mla_max_err_}};
+  if (!mla_worst_by_block_.empty()) j["mla_worst_error_by_block"] = mla_worst_by_block_;
   j["failures"] = failures_;
   j["guard_writes"] = guard_writes_;
   j["wrong_outputs"] = wrong_outputs_;
@@ -363,9 +386,9 @@ void SoakRun::watchdog() {
                quiet, current_);
     fmt::print("  the launches before it (oldest first):\n");
     for (const auto& l : ring_) fmt::print("    {}\n", l);
-    if (current_draw_)
-      fmt::print("  replay this iteration alone: fp8proj soak --replay {}:{}{}\n", current_draw_->seed,
-                 current_draw_->iteration, draw_options());
+    if (current_where_)
+      fmt::print("  replay this iteration alone: fp8proj soak --replay {}:{}{}\n", current_where_->seed,
+                 current_where_->iteration, draw_options());
     fmt::print("  launches so far: {}\n", launches_);
     std::fflush(stdout);
     failures_json_.push_back({{"what", fmt::format("hang: no iteration ended for {:.0f} s", quiet)},
@@ -380,6 +403,39 @@ void SoakRun::watchdog() {
     }
     std::_Exit(1);  // the stuck launch never returns; nothing else can end the process
   }
+}
+
+IterationResult SoakRun::run_mla(uint64_t it) {
+  const MlaDraw d = draw_mla(ds_, seed_, it);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    current_where_ = Where{d.seed, d.iteration, d.describe()};
+    current_ = fmt::format("seed {} iteration {}: none yet (building the MLA blocks, filling the caches)", seed_, it);
+  }
+  const IterationResult r = mla_->run(d);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    current_where_.reset();
+    ++iterations_;
+    ++mla_iterations_;
+    failures_ += r.failed();
+    guard_writes_ += r.guard_writes;
+    wrong_outputs_ += r.wrong_outputs;
+    errors_ += !r.error.empty();
+    for (const auto& c : r.checks) {
+      mla_max_err_ = std::max(mla_max_err_, c.rel_err / c.tol);
+      double& worst = mla_worst_by_block_[d.block_key()];
+      worst = std::max(worst, c.rel_err);
+    }
+  }
+  if (log_) {
+    std::string errs;
+    for (const auto& c : r.checks) errs += fmt::format(" {:.2e}", c.rel_err);
+    fmt::print(log_, "{} MLA {} B={} prefill={} err{} -> {}\n", it, d.block_key(), d.positions.size(),
+               d.prefill_lens.size(), errs, r.failed() ? "FAILED" : "ok");
+  }
+  if (r.failed()) report_failure({d.seed, d.iteration, d.describe()}, r);
+  return r;
 }
 
 int SoakRun::loop() {
@@ -413,17 +469,27 @@ int SoakRun::loop() {
   for (uint64_t it = 0;; ++it) {
     const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
     if ((a_.iterations > 0 && static_cast<int64_t>(it) >= a_.iterations) || (minutes > 0 && el >= minutes * 60)) break;
+    if (mla_iteration(ds_, seed_, it)) {
+      const IterationResult r = run_mla(it);
+      beat();
+      if (r.failed()) {
+        dead = r.context_dead();
+        if (a_.stop_on_first || dead) break;
+      }
+      progress(false);
+      continue;
+    }
     const Draw d = draw(ds_, seed_, it);
     {
       std::lock_guard<std::mutex> lock(mu_);
-      current_draw_ = &d;
+      current_where_ = Where{d.seed, d.iteration, d.describe()};
       current_ = fmt::format("seed {} iteration {}: none yet (building layers, preparing inputs)", seed_, it);
     }
     const IterationResult r = runner_->run(d);
     beat();
     {
       std::lock_guard<std::mutex> lock(mu_);
-      current_draw_ = nullptr;
+      current_where_.reset();
       ++iterations_;
       nan_iterations_ += d.nan_row >= 0;
       m0_iterations_ += d.m == 0;
@@ -440,7 +506,7 @@ int SoakRun::loop() {
                  d.shape.k, d.m, to_string(d.entry), d.stream, d.graph ? fmt::format("graph*{}", d.replays * d.burst) : fmt::format("eager*{}", d.burst),
                  d.calls.size(), d.twin ? "+twin" : "", d.nan_row >= 0 ? " nan" : "", r.failed() ? "FAILED" : "ok");
     if (r.failed()) {
-      report_failure(d, r);
+      report_failure({d.seed, d.iteration, d.describe()}, r);
       dead = r.context_dead();
       if (a_.stop_on_first || dead) break;
     }
@@ -466,6 +532,19 @@ int SoakRun::replay(uint64_t seed, uint64_t iteration) {
   for (const auto& s : skipped_) fmt::print("skipped: {}\n", s);
   seed_ = seed;
   if (!ds_.small.empty()) ds_.small = small_shapes(seed, gpu_);  // the run's pool
+  if (mla_iteration(ds_, seed, iteration)) {
+    fmt::print("draw: {}\n", draw_mla(ds_, seed, iteration).describe());
+    t0_ = std::chrono::steady_clock::now();
+    const IterationResult r = run_mla(iteration);
+    for (size_t i = 0; i < r.explains.size(); ++i) fmt::print("explain: {}\n", r.explains[i]);
+    fmt::print("launches:\n");
+    for (const auto& l : ring_) fmt::print("  {}\n", l);
+    for (size_t o = 0; o < r.checks.size(); ++o) fmt::print("{}: {}\n", r.outputs[o], r.checks[o].summary());
+    fmt::print("soak replay: seed {} iteration {}: {} ({} launches)\n", seed, iteration,
+               r.failed() ? "FAILED" : "passed", launches_);
+    write_json();
+    return r.failed() ? 1 : 0;
+  }
   const Draw d = draw(ds_, seed, iteration);
   fmt::print("draw: {}\n", d.describe());
   t0_ = std::chrono::steady_clock::now();
@@ -481,7 +560,7 @@ int SoakRun::replay(uint64_t seed, uint64_t iteration) {
   wrong_outputs_ = r.wrong_outputs;
   errors_ = !r.error.empty();
   if (!r.error.empty()) fmt::print("error: {}\n", r.error);
-  if (r.failed()) report_failure(d, r);
+  if (r.failed()) report_failure({d.seed, d.iteration, d.describe()}, r);
   fmt::print("soak replay: seed {} iteration {}: {} ({} launches)\n", seed, iteration, r.failed() ? "FAILED" : "passed",
              launches_);
   write_json();
@@ -505,7 +584,8 @@ void register_soak(CLI::App& app) {
                   "Largest M drawn [default: 32768 on the GPU, 256 on the CPU]; with --m, the workspaces' rows "
                   "[default: the largest --m]")
       ->check(int_in(1, kMaxSoakM));
-  cmd->add_option("--paths", a->paths, "Paths: all, or a list of bf16, fp8, cublaslt, rmsnorm, quantized")
+  cmd->add_option("--paths", a->paths, "Paths: all, or a list of bf16, fp8, cublaslt, rmsnorm, quantized, mla (the MLA block's decode "
+                  "step and a short prefill against the host block; GPU only)")
       ->capture_default_str();
   cmd->add_option("--configs", a->configs,
                   "FP8 variants: all, tuned, heuristic, or sm90 configuration names (a list may mix them)")

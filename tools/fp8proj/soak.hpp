@@ -5,6 +5,7 @@
 //   soak_check.cpp   inputs, guarded outputs, the checks against the fp64 oracle
 //   soak_run.cpp     one iteration: the calls (eager or a CUDA graph), then the checks
 //   soak_device.cpp  streams, CUDA graphs and the device's error state (stubs without CUDA)
+//   soak_mla.cpp     the MLA block's iterations (--paths mla): device block against host block
 #pragma once
 
 #include <cstdint>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "fp8proj/memory.hpp"
+#include "fp8proj/mla.hpp"
 #include "fp8proj/projection.hpp"
 #include "fp8proj/quantize.hpp"
 
@@ -114,8 +116,8 @@ struct DrawSpace {
   std::vector<int64_t> fixed_m;         // --m: drawn from these only
   int64_t max_m = 0;
   bool chunking = true;  // some shapes' workspaces hold fewer rows than max M (not with --m)
-  // Paths allowed (--paths).
-  bool bf16 = true, fp8 = true, cublaslt = true, rmsnorm = true, quantized = true;
+  // Paths allowed (--paths). mla: one iteration in kMlaShare is the MLA block's (GPU only).
+  bool bf16 = true, fp8 = true, cublaslt = true, rmsnorm = true, quantized = true, mla = true;
   // FP8 variants allowed (--configs): the tuned layer, the heuristic layer, every configuration
   // of the sm90 family that can run the problem, or the named ones.
   bool tuned = true, heuristic = true, all_configs = true;
@@ -312,6 +314,70 @@ struct IterationResult {
 };
 
 class Streams;
+
+// ---- the MLA block (soak_mla.cpp) ---------------------------------------------------------------
+
+// The share of iterations that run the MLA block when the path is on (with the GEMM paths): its
+// host reference costs about a second, a GEMM iteration's milliseconds.
+inline constexpr double kMlaShare = 0.1;
+
+// What an MLA iteration runs, drawn from (seed, iteration) alone like Draw: a block (model,
+// tensor-parallel rank 0 of tp, FP8 on or off and how), a short prefill (one iteration in three),
+// then a decode step of `positions.size()` sequences over a cache whose rows both blocks share,
+// eagerly and captured once (MlaDecodeGraph) and replayed.
+struct MlaDraw {
+  uint64_t seed = 0, iteration = 0;
+  std::string model;  // "glm5", "deepseek-v3"
+  int tp = 1;
+  bool fp8 = false;
+  bool all_dense = false;     // fused_qkv_a and kv_b_proj on the gated FP8 path too
+  bool forced = true;         // FP8 at every M (threshold and decode ceiling 0): the host block can follow
+  bool fuse_decode_quant = true;
+  int stream = 0;
+  int replays = 1;            // graph replays (each into the poisoned output)
+  std::vector<int32_t> prefill_lens, prefill_starts;  // empty: no prefill
+  std::vector<int32_t> positions, starts;             // the decode batch
+  int max_context = 0;
+  uint64_t data_seed = 0;
+
+  std::string block_key() const;  // the block pair it runs on
+  std::string variant() const;    // "deepseek-v3 TP8 fp8 all-dense forced" (the counts' key)
+  std::string describe() const;
+};
+
+// Whether iteration `iteration` is an MLA one (the draw space allows it and Rng says so), and
+// its draw.
+bool mla_iteration(const DrawSpace& space, uint64_t seed, uint64_t iteration);
+MlaDraw draw_mla(const DrawSpace& space, uint64_t seed, uint64_t iteration);
+
+// Runs MLA iterations: a device block and a host block on the same host-generated weights
+// (cached by MlaDraw::block_key, the least recently used of kMaxPairs dropped), the same cache
+// rows and inputs; the device outputs guarded and poisoned. Checks: guards, every element
+// written and finite, the device output within kMlaTolBf16 / kMlaTolFp8 (relative Frobenius)
+// of the host one, and the replayed graph's output bitwise equal to the eager step's.
+// Bounds, as the block's GPU tests (mla_gpu_test.cu): bf16, the same roundings on both sides,
+// sums in another order and the device attention's bf16 softmax weights; FP8, where inputs to an
+// FP8 GEMM that differ by a bf16 ulp land in different e4m3 codes. At the models' dimensions the
+// worst seen is 3.3e-3 (bf16) and 2.0e-2 (FP8) over 180 iterations (bench/results/robustness/soak/).
+inline constexpr double kMlaTolBf16 = 1e-2, kMlaTolFp8 = 4e-2;
+class MlaRunner {
+ public:
+  static constexpr size_t kMaxPairs = 4;
+  MlaRunner(const Streams& streams, std::function<void(const Launch&)> on_launch);
+  ~MlaRunner();
+  IterationResult run(const MlaDraw& d);
+
+ private:
+  struct Pair;
+  struct Weights;
+  static std::unique_ptr<Weights> make_weights(const MlaConfig& full);
+  Pair& pair(const MlaDraw& d);
+  const Streams& streams_;
+  std::map<std::string, std::unique_ptr<Weights>> weights_;  // by model
+  std::function<void(const Launch&)> on_launch_;
+  std::list<std::unique_ptr<Pair>> pairs_;  // most recent first
+  GuardedOutputs out_;
+};
 
 // Runs iterations: the layers (cached), inputs, guarded outputs, the calls on the drawn stream,
 // eagerly or as a CUDA graph, and the checks. `on_launch` hears of every launch just before it

@@ -15,6 +15,7 @@
 
 #include "fp8proj/error.hpp"
 #include "fp8proj/random.hpp"
+#include "fp8proj/reference.hpp"
 #include "soak.hpp"
 
 namespace fp8proj::cli::soak {
@@ -213,21 +214,6 @@ MlaRunner::Pair& MlaRunner::pair(const MlaDraw& d) {
 
 // ---- one iteration ----
 
-namespace {
-
-// Relative Frobenius error of `got` (bf16 bits) against `want`, over finite pairs.
-double rel_error(const std::vector<uint16_t>& got, const std::vector<bf16>& want) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double g = bf16_to_float(bf16::from_bits(got[i])), w = bf16_to_float(want[i]);
-    num += (g - w) * (g - w);
-    den += w * w;
-  }
-  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-}
-
-}  // namespace
-
 IterationResult MlaRunner::run(const MlaDraw& d) {
   IterationResult r;
   try {
@@ -284,7 +270,9 @@ IterationResult MlaRunner::run(const MlaDraw& d) {
       if (chk.unwritten) chk.problems.push_back(fmt::format("{} elements never written", chk.unwritten));
       if (chk.non_finite) chk.problems.push_back(fmt::format("{} elements not finite", chk.non_finite));
       chk.compared = true;
-      chk.rel_err = rel_error(bits, want);
+      static_assert(sizeof(bf16) == sizeof(uint16_t), "an output's bits are its bf16 values");
+      chk.rel_err = compare(reinterpret_cast<const bf16*>(bits.data()), want.data(), static_cast<int64_t>(want.size()))
+                        .rel_frobenius;
       chk.tol = tol;
       if (!(chk.rel_err <= tol))
         chk.problems.push_back(fmt::format("relative error {:.3e} against the host block, above {:.1e}", chk.rel_err, tol));

@@ -19,21 +19,22 @@
 //   - A CTA owns 64 heads (zero-padded past H) of one sequence and the 64-token blocks
 //     [split * per, (split + 1) * per) of it, per = ceil(ceil(len / 64) / splits), computed on
 //     the device from the actual length; an empty range writes LSE = -inf.
-//   - Warpgroup w computes S = Q.K^T for keys [32 w, 32 w + 32) of the block (wgmma m64n32k16 x 36
-//     k-steps, A = Q and B = the cache block, both from shared memory); the two post their row
-//     maxima to shared memory, take the larger, and swap their halves of P (bf16 A fragments,
-//     4 KB each, by thread index) -- two CTA barriers per block; warpgroup w then accumulates
-//     output columns [256 w, 256 w + 256) over all 64 keys with wgmma m64n256k16 (A = P from
-//     registers, B = the cache block read N-major); each adds its share of the row sums at the
-//     end. Per 64-key block that is 8.9 MFLOP of tensor work, against 72 KB of cache: about
-//     2200 SM cycles at the dense peak, 3600 at the HBM rate per SM (4.8 TB/s / 132). Computing
-//     the whole S in both warpgroups (no exchange, 13.6 MFLOP per block) was 1-6% slower on the
-//     decode step's attention stage: the kernel is not bound by its tensor work (docs/decode.md).
+//   - Warpgroup 0 (scores) computes S = Q.K^T for the whole block (wgmma m64n64k16 x 36 k-steps,
+//     A = Q and B = the cache block, both from shared memory), the online softmax, and hands P
+//     (bf16 A fragments, 8 KB, by thread index) and the rows' rescale factors to warpgroup 1
+//     through shared memory and a CTA barrier; warpgroup w then accumulates output columns
+//     [256 w, 256 w + 256) over the 64 keys with wgmma m64n256k16 (A = P from registers, B = the
+//     cache block read N-major). Per 64-key block that is 8.9 MFLOP of tensor work, against 72 KB
+//     of cache: about 2200 SM cycles at the dense peak, 3600 at the HBM rate per SM (4.8 TB/s /
+//     132). A wgmma's cost here is mostly reading its A operand (Q) from shared memory, whatever
+//     N: S as two m64n32 halves, one per warpgroup (72 wgmmas per block, and the halves' row
+//     maxima and P swapped both ways) or as the whole block in both warpgroups (72 wgmmas, no
+//     exchange) took about the same time; one warpgroup's 36 is half of them (docs/decode.md).
 //   - Cache blocks by TMA, double-buffered, 64 tokens per stage: one thread issues the block's
 //     nine 64-column panels (box 64 x 64, 128-byte swizzle: the SW128 tile layout) on the stage's
 //     mbarrier; Q (once per CTA) by cp.async. Q 72 KB + 2 x 72 KB = 216 KB of shared memory,
 //     + 8.5 KB for the exchange (a third stage does not fit in 227 KB). Registers per thread:
-//     O 64x256 fp32 / 128 = 128, S 16, P 16. The cp.async form of the same loads took ~270 of
+//     O 64x256 fp32 / 128 = 128, S 32 (warpgroup 0), P 16. The cp.async form of the same loads took ~270 of
 //     the loop's ~900 instructions per warp and block (addresses, zero-fill selects: SASS), in
 //     front of S's MMAs; the kernel issues at 0.36 instructions per cycle and scheduler, so
 //     instructions are time here (docs/decode.md).
@@ -47,7 +48,7 @@
 //
 // Build check: nvcc -std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a -Xptxas -v -Iinclude
 //   -Isrc -c src/cuda/attention/decode_attention.cu  (CUDA 13.0: 0 bytes stack, no spills;
-//   252 registers for the attention kernel, 32 for the combine).
+//   193 registers for the attention kernel, 32 for the combine).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -88,15 +89,13 @@ constexpr int kBlockN = 64;
 constexpr int kStages = 2;
 constexpr int kTileBytes = kBlockN * kDqk * 2;  // a cache block: 73728 (the TMA bytes of a stage)
 constexpr int kPanelBytes = kBlockN * 128;      // one 64-column panel of it (one TMA box)
-constexpr int kHalfN = kBlockN / 2;             // keys of a block per warpgroup in S = Q.K^T
-constexpr int kXchMaxBytes = 2 * kHeads * 4;    // row maxima / sums, per warpgroup
-constexpr int kXchPBytes = 2 * (kHalfN / 4) * kWarpgroupThreads * 4;  // P fragments, per warpgroup
+constexpr int kXchRowBytes = 2 * kHeads * 4;                       // per-row factors, then sums and maxima
+constexpr int kXchPBytes = (kBlockN / 4) * kWarpgroupThreads * 4;  // P: 16 bf16 pairs per thread
 constexpr int kTilesBytes = kQTileBytes + kStages * kTileBytes;
-constexpr int kOffBar = kTilesBytes + kXchMaxBytes + kXchPBytes;  // kStages "block landed" mbarriers
+constexpr int kOffBar = kTilesBytes + kXchRowBytes + kXchPBytes;  // kStages "block landed" mbarriers
 constexpr int kSmemBytes = kOffBar + kStages * 8;
 static_assert(kSmemBytes <= kSmemLimitBytes, "Q, the cache stages and the exchange must fit in 227 KB");
 static_assert(kHeads * kOutPitch <= kTilesBytes, "the output staging area reuses the tiles");
-static_assert(kHalfN % 16 == 0, "a warpgroup's half of a block is whole k16 steps of P.V");
 static_assert(kOffBar % 8 == 0, "mbarriers are 8-byte aligned");
 
 struct DecodeParams {
@@ -191,22 +190,26 @@ __global__ void __launch_bounds__(kThreads, 1)
   float o[kDvPerWg / 2];
 #pragma unroll
   for (int i = 0; i < kDvPerWg / 2; ++i) o[i] = 0.0f;
-  SoftmaxRows rows;
+  SoftmaxRows rows;  // the score warpgroup's; the other one's stays unused
   const int col_base = 2 * (wg_tid % 4);
   const int row0 = 16 * (wg_tid / 32) + (wg_tid % 32) / 4;  // the thread's rows: row0, row0 + 8
-  // Behind the tiles: the row maxima (then the row sums) and the P fragments the warpgroups swap.
-  auto& xch_max = *reinterpret_cast<float(*)[2][kHeads]>(smem + kTilesBytes);
-  auto& xch_p =
-      *reinterpret_cast<uint32_t(*)[2][kHalfN / 4][kWarpgroupThreads]>(smem + kTilesBytes + kXchMaxBytes);
+  // Behind the tiles: the rescale factors of a block (then the row sums and maxima) and P.
+  auto& xch_row = *reinterpret_cast<float(*)[2][kHeads]>(smem + kTilesBytes);
+  auto& xch_p = *reinterpret_cast<uint4(*)[kBlockN / 16][kWarpgroupThreads]>(smem + kTilesBytes + kXchRowBytes);
   // Descriptors of Q and of stage 0 (this warpgroup's V panels for P.V); k-steps and stages are
   // immediate offsets from these.
   const uint64_t q_desc = desc_kmajor(q_tile);
   const uint64_t k_desc0 = desc_kmajor(kv_tile(0));
   const uint64_t v_desc0 = desc_nmajor(kv_tile(0) + wg * 4 * kPanelBytes, kPanelBytes);
+  // The role, through a shuffle so that the compiler sees it warp-uniform: a branch it thinks
+  // divergent around a wgmma makes ptxas serialize every wgmma (warning C7520).
+  const bool scores = __shfl_sync(0xffffffffu, wg, 0) == 0;
 
   for (int n = blk0; n < blk1; ++n) {
     static_assert(kStages == 2, "block n + 1 goes into the stage block n - 1 used");
-    if (n > blk0) __syncthreads();  // both warpgroups are done with the stage reloaded next
+    // Both warpgroups are done with the stage reloaded next (their P.V of block n - 1 waited for
+    // its wgmmas) and the value warpgroup has read P and the factors of block n - 1.
+    if (n > blk0) __syncthreads();
     if (tid == 0 && n + 1 < blk1) load_block(n + 1);
     const int stage = (n - blk0) % kStages;
     ptx::mbarrier_wait(landed + stage, static_cast<uint32_t>(((n - blk0) / kStages) & 1));
@@ -223,94 +226,97 @@ __global__ void __launch_bounds__(kThreads, 1)
       fence_proxy_async_shared();  // generic-proxy stores, read next by the MMAs (async proxy)
       __syncthreads();
     }
-    const uint32_t stage_off = stage * kTileBytes;
-    const uint64_t v_desc = desc_advance(v_desc0, stage_off);
-
-    // S for this warpgroup's half of the block: keys [32 wg, 32 wg + 32) (rows of the tile;
-    // 32 rows = 4 KB, a whole number of 8-row swizzle atoms). One copy of the 36 k-steps per
-    // (stage, warpgroup): their descriptors are then the uniform base plus immediates, where a
-    // stage or warpgroup known only at run time (a per-thread value to the compiler) cost two
-    // register-to-uniform moves and 64-bit adds per k-step (SASS).
-    float s[kHalfN / 2];
-    wgmma_fence();
-    auto s_block = [&](auto stage_c, auto wg_c) {
-#pragma unroll
-      for (int kk = 0; kk < kDqk / 16; ++kk) {
-        const uint32_t col = (kk % 4) * 32;  // k-step kk: panel kk / 4, bytes 32 (kk % 4) of its rows
-        WgmmaSS<kHalfN>::mma(
-            desc_advance(q_desc, (kk / 4) * kQPanelBytes + col),
-            desc_advance(k_desc0, decltype(stage_c)::value * kTileBytes + (kk / 4) * kPanelBytes + col +
-                                      decltype(wg_c)::value * kHalfN * 128),
-            s, kk > 0 ? 1 : 0);
-      }
-    };
-    using Zero = std::integral_constant<int, 0>;
-    using One = std::integral_constant<int, 1>;
-    // The selector goes through a shuffle so that the compiler sees it warp-uniform: a branch it
-    // thinks divergent makes ptxas serialize every wgmma (warning C7520).
-    switch (__shfl_sync(0xffffffffu, stage * 2 + wg, 0)) {
-      case 0: s_block(Zero{}, Zero{}); break;
-      case 1: s_block(Zero{}, One{}); break;
-      case 2: s_block(One{}, Zero{}); break;
-      default: s_block(One{}, One{}); break;
-    }
-    wgmma_commit_group();
-    wgmma_wait_group<0>();
-    reg_fence(s);
-
-    if ((n + 1) * kBlockN > len) {  // only the sequence's last block is partial
-#pragma unroll
-      for (int i = 0; i < kHalfN / 8; ++i)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-          for (int c = 0; c < 2; ++c)
-            if (n * kBlockN + wg * kHalfN + 8 * i + col_base + c >= len) s[4 * i + 2 * h + c] = -INFINITY;
-    }
-
-    // The block's row maxima over both halves: each warpgroup posts its own, then both take the max.
-    float mx[2];
-    row_max<kHalfN>(s, mx);
-    if (col_base == 0) {
-      xch_max[wg][row0] = mx[0];
-      xch_max[wg][row0 + 8] = mx[1];
-    }
-    __syncthreads();
-    mx[0] = fmaxf(mx[0], xch_max[wg ^ 1][row0]);
-    mx[1] = fmaxf(mx[1], xch_max[wg ^ 1][row0 + 8]);
-    uint32_t own[kHalfN / 4];
-    online_softmax_given_max<kHalfN, kDvPerWg / 2>(s, mx, o, rows, p.scale_log2, own);
-
-    // P's two halves: a thread holds the same (row, key) positions of its half as the thread with
-    // its index in the other warpgroup holds of that one, so the exchange is by thread index.
-#pragma unroll
-    for (int j = 0; j < kHalfN / 4; ++j) xch_p[wg][j][wg_tid] = own[j];
-    __syncthreads();
+    const uint64_t v_desc = desc_advance(v_desc0, stage * kTileBytes);
     uint32_t pf[kBlockN / 4];
-#pragma unroll
-    for (int j = 0; j < kHalfN / 4; ++j) {
-      const uint32_t other = xch_p[wg ^ 1][j][wg_tid];
-      pf[j] = wg == 0 ? own[j] : other;
-      pf[kHalfN / 4 + j] = wg == 0 ? other : own[j];
-    }
 
+    if (scores) {
+      // S = Q.K^T over the whole block: 36 k-steps of m64n64k16. One copy of them per stage, so
+      // that their descriptors are the uniform base plus immediates (a stage known only at run
+      // time cost two register-to-uniform moves and 64-bit adds per k-step: SASS).
+      float s[kBlockN / 2];
+      wgmma_fence();
+      auto s_block = [&](auto stage_c) {
+#pragma unroll
+        for (int kk = 0; kk < kDqk / 16; ++kk) {
+          const uint32_t col = (kk % 4) * 32;  // k-step kk: panel kk / 4, bytes 32 (kk % 4) of its rows
+          WgmmaSS<kBlockN>::mma(
+              desc_advance(q_desc, (kk / 4) * kQPanelBytes + col),
+              desc_advance(k_desc0, decltype(stage_c)::value * kTileBytes + (kk / 4) * kPanelBytes + col), s,
+              kk > 0 ? 1 : 0);
+        }
+      };
+      if (__shfl_sync(0xffffffffu, stage, 0) == 0)
+        s_block(std::integral_constant<int, 0>{});
+      else
+        s_block(std::integral_constant<int, 1>{});
+      wgmma_commit_group();
+      wgmma_wait_group<0>();
+      reg_fence(s);
+
+      if ((n + 1) * kBlockN > len) {  // only the sequence's last block is partial
+#pragma unroll
+        for (int i = 0; i < kBlockN / 8; ++i)
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int c = 0; c < 2; ++c)
+              if (n * kBlockN + 8 * i + col_base + c >= len) s[4 * i + 2 * h + c] = -INFINITY;
+      }
+      float alpha[2];
+      online_softmax<kBlockN, kDvPerWg / 2, true>(s, o, rows, p.scale_log2, pf, alpha);
+      // Hand P and the factors to the value warpgroup: thread t's fragments go to the thread with
+      // its index there, which then holds exactly the A fragments it needs (same layout).
+#pragma unroll
+      for (int j = 0; j < kBlockN / 16; ++j)
+        xch_p[j][wg_tid] = make_uint4(pf[4 * j], pf[4 * j + 1], pf[4 * j + 2], pf[4 * j + 3]);
+      if (col_base == 0) {
+        xch_row[0][row0] = alpha[0];
+        xch_row[0][row0 + 8] = alpha[1];
+      }
+    }
+    // P and the factors are in shared memory (and the stage landed, the tail zeroed) for both
+    // warpgroups. One barrier both reach at the same instruction: as two bar.sync of a named
+    // barrier at the score and value branches, compute-sanitizer's synccheck reported divergent
+    // threads (the branches' warps need not have reconverged after the mbarrier spin).
+    __syncthreads();
+    if (!scores) {
+#pragma unroll
+      for (int j = 0; j < kBlockN / 16; ++j) {
+        const uint4 v = xch_p[j][wg_tid];
+        pf[4 * j] = v.x;
+        pf[4 * j + 1] = v.y;
+        pf[4 * j + 2] = v.z;
+        pf[4 * j + 3] = v.w;
+      }
+      const float alpha[2] = {xch_row[0][row0], xch_row[0][row0 + 8]};
+      rescale_rows<true>(o, alpha);
+    }
     // v_desc addresses columns [256 wg, 256 wg + 256) of c_kv: panels 4 wg .. 4 wg + 3 of the block.
     pv_accumulate<kBlockN, kDvPerWg>(pf, v_desc, o);
   }
 
-  finish_rows(rows);
-  // Each warpgroup summed the probabilities of its keys only; the row sum is both shares. The
-  // last block's reads of xch_max finished before its second barrier.
-  if (col_base == 0) {
-    xch_max[wg][row0] = rows.l[0];
-    xch_max[wg][row0 + 8] = rows.l[1];
+  // The score warpgroup holds the row sums and maxima; they go where the factors were, once the
+  // value warpgroup has read the last block's.
+  __syncthreads();
+  if (scores) {
+    finish_rows(rows);
+    if (col_base == 0) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        xch_row[0][row0 + 8 * h] = rows.l[h];
+        xch_row[1][row0 + 8 * h] = rows.m[h];
+      }
+    }
   }
   __syncthreads();
-  rows.l[0] += xch_max[wg ^ 1][row0];
-  rows.l[1] += xch_max[wg ^ 1][row0 + 8];
+  rows.l[0] = xch_row[0][row0];
+  rows.l[1] = xch_row[0][row0 + 8];
+  rows.m[0] = xch_row[1][row0];
+  rows.m[1] = xch_row[1][row0 + 8];
   const float inv_l[2] = {1.0f / rows.l[0], 1.0f / rows.l[1]};  // l >= 1: the row maximum adds 1
   if (p.splits == 1) {
-    __syncthreads();  // both warpgroups are done with the tiles the staging area overwrites (no copy is in flight)
+    // Both warpgroups are past their last P.V (the barriers above): the staging area may overwrite
+    // the tiles (no copy is in flight).
     stage_tile_bf16<kDvPerWg>(smem, kOutPitch, wg * kDvPerWg, o, inv_l, wg_tid);
     __syncthreads();
     store_staged_rows<kHeads, kLora, kThreads>(smem, kOutPitch, p.out + bh0 * kLora, kLora, valid_heads, tid);

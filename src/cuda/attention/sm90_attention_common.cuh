@@ -165,14 +165,33 @@ __device__ __forceinline__ void row_max(const float (&s)[N / 2], float (&mx)[2])
   }
 }
 
+// Multiplies the thread's two rows of an output accumulator by alpha (the rescale of the online
+// softmax). kSkipUnchanged: not where every row of the warp kept its maximum (alpha == 1 exactly,
+// the product would be the same bits) -- the decode kernel, whose running maxima settle after a
+// few key blocks; the prefill kernel's causal tiles measured slower with the vote (docs/decode.md).
+template <bool kSkipUnchanged, int NO>
+__device__ __forceinline__ void rescale_rows(float (&o)[NO], const float (&alpha)[2]) {
+  if constexpr (kSkipUnchanged) {
+    if (!__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) return;
+  }
+#pragma unroll
+  for (int i = 0; i < NO / 4; ++i)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      o[4 * i + 2 * h] *= alpha[h];
+      o[4 * i + 2 * h + 1] *= alpha[h];
+    }
+}
+
 // Turns the scores s (masked entries already -inf) into probabilities packed as the bf16 A
-// fragments of P.V, rescales the output accumulators o, and updates the row state, given the
-// block's row maxima mx (unscaled; row_max, or the maximum over several warpgroups' fragments
-// of one key block).
-template <int N, int NO>
-__device__ __forceinline__ void online_softmax_given_max(float (&s)[N / 2], const float (&mx)[2], float (&o)[NO],
-                                                         SoftmaxRows& st, float scale_log2, uint32_t (&p)[N / 4]) {
-  float base[2], alpha[2];
+// fragments of P.V, rescales the output accumulators o, and updates the row state; alpha returns
+// the rescale factors of the thread's two rows (for a warpgroup that accumulates other output
+// columns of the same rows).
+template <int N, int NO, bool kSkipUnchanged = false>
+__device__ __forceinline__ void online_softmax(float (&s)[N / 2], float (&o)[NO], SoftmaxRows& st, float scale_log2,
+                                               uint32_t (&p)[N / 4], float (&alpha)[2]) {
+  float mx[2], base[2];
+  row_max<N>(s, mx);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const float m_new = fmaxf(st.m[h], mx[h] * scale_log2);
@@ -193,24 +212,16 @@ __device__ __forceinline__ void online_softmax_given_max(float (&s)[N / 2], cons
         x = fast_exp2(fmaf(x, scale_log2, -base[h]));
         st.l[h] += x;
       }
-#pragma unroll
-  for (int i = 0; i < NO / 4; ++i)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      o[4 * i + 2 * h] *= alpha[h];
-      o[4 * i + 2 * h + 1] *= alpha[h];
-    }
+  rescale_rows<kSkipUnchanged>(o, alpha);
 #pragma unroll
   for (int j = 0; j < N / 4; ++j) p[j] = pack_bf16x2(s[2 * j], s[2 * j + 1]);
 }
 
-// The same with the maxima of this fragment alone (one warpgroup owns the key block).
 template <int N, int NO>
 __device__ __forceinline__ void online_softmax(float (&s)[N / 2], float (&o)[NO], SoftmaxRows& st, float scale_log2,
                                                uint32_t (&p)[N / 4]) {
-  float mx[2];
-  row_max<N>(s, mx);
-  online_softmax_given_max<N, NO>(s, mx, o, st, scale_log2, p);
+  float alpha[2];
+  online_softmax<N, NO>(s, o, st, scale_log2, p, alpha);
 }
 
 // Full row sums (the quad's shares added), after the last key block.

@@ -92,10 +92,14 @@ FP8PROJ_C_EXPORT int fp8proj_quantize_weight(const void* w, int64_t n, int64_t k
 #define FP8PROJ_SCALES_UE8M0 0
 #define FP8PROJ_SCALES_FLOAT 1
 
-/* fp8proj_quantize_activation / fp8proj_quantize_weight with the scale format chosen. */
+/* fp8proj_quantize_activation / fp8proj_rmsnorm_quantize / fp8proj_quantize_weight with the scale
+ * format chosen. */
 FP8PROJ_C_EXPORT int fp8proj_quantize_activation_scaled(const void* x, int64_t x_stride, int64_t m, int64_t k,
                                                         int scale_format, void* values, float* scales,
                                                         int64_t scale_ld, void* stream);
+FP8PROJ_C_EXPORT int fp8proj_rmsnorm_quantize_scaled(const void* x, int64_t x_stride, const void* weight, float eps,
+                                                     int64_t m, int64_t k, int scale_format, void* values,
+                                                     float* scales, int64_t scale_ld, void* stream);
 FP8PROJ_C_EXPORT int fp8proj_quantize_weight_scaled(const void* w, int64_t n, int64_t k, int scale_format,
                                                     void* values, float* scales, void* stream);
 

@@ -26,9 +26,14 @@ class QuantOps {
   // the q_a columns of fused_qkv_a's output); y and out are dense [m, k].
   virtual void rmsnorm(const bf16* x, int64_t x_stride, const bf16* weight, float eps, int64_t m,
                        int64_t k, bf16* y, StreamHandle stream) const = 0;
+  // quantize_activation(rmsnorm(x)) in one pass; `mode` as for quantize_activation.
   virtual void rmsnorm_quantize(const bf16* x, int64_t x_stride, const bf16* weight, float eps,
-                                int64_t m, int64_t k, Fp8ActivationOut out,
+                                int64_t m, int64_t k, Fp8ActivationOut out, ScaleMode mode,
                                 StreamHandle stream) const = 0;
+  void rmsnorm_quantize(const bf16* x, int64_t x_stride, const bf16* weight, float eps, int64_t m,
+                        int64_t k, Fp8ActivationOut out, StreamHandle stream) const {
+    rmsnorm_quantize(x, x_stride, weight, eps, m, k, out, ScaleMode::ue8m0, stream);
+  }
   // 128x128 blocks; `mode` as above (ProjectionOptions::weight_scales for the layer's copy).
   virtual void quantize_weight(const bf16* w, int64_t n, int64_t k, Fp8WeightOut out, ScaleMode mode,
                                StreamHandle stream) const = 0;

@@ -77,10 +77,10 @@ void quantize_activation(const float* x, int64_t m, int64_t k, Fp8ActivationOut 
 void rmsnorm(const bf16* x, int64_t x_stride, const bf16* weight, float eps, int64_t m, int64_t k,
              bf16* y);
 
-// quantize_activation(rmsnorm(x)): the bf16 rounding of the norm's output is kept, so the
+// quantize_activation(rmsnorm(x), mode): the bf16 rounding of the norm's output is kept, so the
 // fused GPU kernel gives exactly what the unfused norm-then-quantize gives.
 void rmsnorm_quantize(const bf16* x, int64_t x_stride, const bf16* weight, float eps, int64_t m,
-                      int64_t k, Fp8ActivationOut out);
+                      int64_t k, Fp8ActivationOut out, ScaleMode mode = ScaleMode::ue8m0);
 
 std::vector<float> dequantize(const Fp8WeightView& w);      // [N, K] fp32
 std::vector<float> dequantize(const Fp8ActivationView& x);  // [M, K] fp32

@@ -216,9 +216,11 @@ std::tuple<Tensor, Tensor> quantize_rows(const char* op, const Tensor& x, const 
   const int64_t ld = ceil4(m);
   Tensor scales = empty({k / 128, ld}, dtype_f32(), dev);
   if (m == 0) return {values, scales};
-  const int rc = norm_weight ? fp8proj_rmsnorm_quantize(x.data_ptr(), stride, norm_weight->data_ptr(),
-                                                        static_cast<float>(eps), m, k, values.data_ptr(),
-                                                        static_cast<float*>(scales.data_ptr()), ld, stream_of(dev))
+  const int rc = norm_weight ? fp8proj_rmsnorm_quantize_scaled(x.data_ptr(), stride, norm_weight->data_ptr(),
+                                                               static_cast<float>(eps), m, k, scale_format,
+                                                               values.data_ptr(),
+                                                               static_cast<float*>(scales.data_ptr()), ld,
+                                                               stream_of(dev))
                              : fp8proj_quantize_activation_scaled(x.data_ptr(), k, m, k, scale_format,
                                                                   values.data_ptr(),
                                                                   static_cast<float*>(scales.data_ptr()), ld,
@@ -231,8 +233,8 @@ std::tuple<Tensor, Tensor> quantize_activation(Tensor x, std::string scale_fmt) 
   return quantize_rows("quantize_activation", x, nullptr, 0.0, scale_format_of(scale_fmt, "quantize_activation"));
 }
 
-std::tuple<Tensor, Tensor> rmsnorm_quantize(Tensor x, Tensor weight, double eps) {
-  return quantize_rows("rmsnorm_quantize", x, &weight, eps);
+std::tuple<Tensor, Tensor> rmsnorm_quantize(Tensor x, Tensor weight, double eps, std::string scale_fmt) {
+  return quantize_rows("rmsnorm_quantize", x, &weight, eps, scale_format_of(scale_fmt, "rmsnorm_quantize"));
 }
 
 // The load-time weight quantization (128x128 blocks): the same C call the modules make at

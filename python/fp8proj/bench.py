@@ -25,7 +25,11 @@
     the attention's share from graphs with every self_attn stubbed out (fp8proj/bench_decode.py
     says how).
 
-Writes overhead.csv, model.csv, fp8ckpt_proj.csv, fp8ckpt_model.csv, decode.csv, results.json and
+(e) fp8ckpt_norm: q_a_layernorm + an FP8-checkpoint q_b_proj at M = --norm-m, the norm fused into the
+    module (one rmsnorm_quantize pass with fp32 scales) against the norm module then the module, and
+    against bf16 (fp8proj/bench_fp8ckpt.py: norm_fold).
+
+Writes overhead.csv, model.csv, fp8ckpt_proj.csv, fp8ckpt_model.csv, fp8ckpt_norm.csv, decode.csv, results.json and
 results.md to --out.
 """
 from __future__ import annotations
@@ -292,7 +296,7 @@ def _write(out: Path, overhead_rows, model_rows, meta, fp8ckpt=None, decode=None
     decode = decode or []
     for fname, rows in (("overhead.csv", overhead_rows), ("model.csv", model_rows),
                         ("fp8ckpt_proj.csv", fp8ckpt["projections"]), ("fp8ckpt_model.csv", fp8ckpt["model"]),
-                        ("decode.csv", decode)):
+                        ("fp8ckpt_norm.csv", fp8ckpt.get("norm_fold", [])), ("decode.csv", decode)):
         if rows:
             fields = list(dict.fromkeys(k for r in rows for k in r))
             with open(out / fname, "w", newline="") as f:
@@ -322,6 +326,14 @@ def _write(out: Path, overhead_rows, model_rows, meta, fp8ckpt=None, decode=None
     if fp8ckpt["projections"] or fp8ckpt["model"]:
         from .bench_fp8ckpt import summarize
         md += [""] + summarize(fp8ckpt["projections"], fp8ckpt["model"], fp8ckpt["memory"])
+    if fp8ckpt.get("norm_fold"):
+        md += ["", "## q_a_layernorm + an FP8-checkpoint q_b_proj: the norm fused (one rmsnorm_quantize pass) or not", "",
+               "| model | M | unfused us | fused us | fused / unfused | bf16 us | fused over bf16 | unfused over bf16 | "
+               "rel err fused / unfused (vs the exact norm's product) |", "|---|---|---|---|---|---|---|---|---|"]
+        md += [f"| {r['model']} | {r['m']} | {r['unfused_us']:.1f} | {r['fused_us']:.1f} | "
+               f"{r['fused_over_unfused']:.3f}x | {r['bf16_us']:.1f} | {r['fused_over_bf16']:.3f}x | "
+               f"{r['unfused_over_bf16']:.3f}x | {r['rel_err_fused']:.2e} / {r['rel_err_unfused']:.2e} |"
+               for r in fp8ckpt["norm_fold"]]
     if decode:
         from .bench_decode import summarize as summarize_decode
         md += [""] + summarize_decode(decode)
@@ -339,7 +351,7 @@ def _cpu_name() -> str:
     return platform.processor() or "unknown"
 
 
-PARTS = ("overhead", "model", "fp8ckpt", "decode")
+PARTS = ("overhead", "model", "fp8ckpt", "fp8ckpt_norm", "decode")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -347,7 +359,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m fp8proj.bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="directory for overhead.csv, model.csv, results.json, results.md")
     ap.add_argument("--parts", default="overhead,model",
-                    help="overhead, model, fp8ckpt, decode (comma-separated; fp8ckpt: FP8 checkpoints, "
+                    help="overhead, model, fp8ckpt, fp8ckpt_norm, decode (comma-separated; fp8ckpt: FP8 checkpoints, "
+                         "fp8ckpt_norm: q_a_layernorm fused into an FP8-checkpoint q_b_proj at M = --norm-m, "
                          "bench_fp8ckpt.py; decode: the decode step under CUDA graphs, bench_decode.py)")
     ap.add_argument("--models", default="glm5,deepseek-v3")
     ap.add_argument("--chunks", default="4,16,64", help="prefill batches of 1024 tokens")
@@ -365,6 +378,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--calls", type=int, default=200, help="calls per timed batch at M=1 (M=4096: a tenth)")
     ap.add_argument("--batches", type=int, default=25)
     ap.add_argument("--decode", default="16,64", help="fp8ckpt, decode: decode batches (sequences at context 1024)")
+    ap.add_argument("--norm-m", default="16,64,4096,16384", help="fp8ckpt_norm: token counts M")
     ap.add_argument("--decode-reps", type=int, default=200,
                     help="decode: timed rounds of the four graphs (a round takes a few ms)")
     ap.add_argument("--dg-prewarm", type=int, default=0,
@@ -377,14 +391,17 @@ def parse_args(argv=None) -> argparse.Namespace:
         ap.error(f"--parts: unknown {sorted(set(parts) - set(PARTS))}; known: {','.join(PARTS)}")
     if set(a.models.split(",")) - set(MODELS):
         ap.error(f"--models: unknown {sorted(set(a.models.split(',')) - set(MODELS))}; known: {','.join(MODELS)}")
-    for opt in ("chunks", "decode"):
+    for opt in ("chunks", "decode", "norm_m"):
+        flag = "--" + opt.replace("_", "-")
         try:
             vals = [int(c) for c in getattr(a, opt).split(",") if c]
         except ValueError:
-            ap.error(f"--{opt}: comma-separated positive integers, got {getattr(a, opt)!r}")
+            ap.error(f"{flag}: comma-separated positive integers, got {getattr(a, opt)!r}")
         if any(x <= 0 for x in vals):
-            ap.error(f"--{opt}: comma-separated positive integers, got {getattr(a, opt)!r}")
+            ap.error(f"{flag}: comma-separated positive integers, got {getattr(a, opt)!r}")
         setattr(a, opt + "_list", vals)
+    if "fp8ckpt_norm" in parts and not a.norm_m_list:
+        ap.error("--parts fp8ckpt_norm needs --norm-m token counts (e.g. 16,64,4096)")
     if "decode" in parts and not a.decode_list:
         ap.error("--parts decode needs --decode batches (e.g. 16,64)")
     a.part_set = set(parts)
@@ -425,6 +442,15 @@ def main(argv=None) -> int:
             ck["model"] += m
             ck["memory"].append(mem)
             _write(Path(a.out), ov, md, meta, ck)  # after each model: a cut-off run keeps what it measured
+    if "fp8ckpt_norm" in parts:
+        from .bench_fp8ckpt import norm_fold
+        rows = []
+        for name in a.models.split(","):
+            rows += norm_fold(name, model_config(name, layers=a.layers), a.norm_m_list,
+                              max(a.reps, 20), max(a.warmup, 5), log=lambda s: print(s, flush=True))
+        ck = ck or {"projections": [], "model": [], "memory": []}
+        ck["norm_fold"] = rows
+        _write(Path(a.out), ov, md, meta, ck)
     dec = []
     if "decode" in parts:
         from .bench_decode import bench_model as decode_bench

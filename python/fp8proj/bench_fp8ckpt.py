@@ -726,3 +726,60 @@ if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] == "--prewarm":
         sys.exit(_prewarm_shard(sys.argv[2], sys.argv[3]))
     sys.exit("usage: python -m fp8proj.bench_fp8ckpt --prewarm I/N SPEC_JSON (run by the benchmark itself)")
+
+
+# ---- q_a_layernorm fused into an FP8-checkpoint q_b_proj (python -m fp8proj.bench --parts fp8ckpt_norm)
+
+def norm_fold(name: str, cfg, ms, reps: int, warmup: int, log=print) -> list:
+    """q_a_layernorm + q_b_proj of one layer with `cfg`'s dimensions, the q_b_proj an FP8Linear with
+    random e4m3 weights and fp32 block scales (the checkpoints' layout), timed three ways at each M,
+    interleaved call by call behind 1 ms of GPU sleep per round, L2 flushed before each call:
+      unfused  transformers' RMSNorm module, then fp8proj's Fp8CheckpointLinear (its own 1x128 fp32-scale
+               quantization of the norm's bf16 output);
+      fused    the same module after fuse_norm(norm): one rmsnorm_quantize pass, then the GEMM;
+      bf16     the RMSNorm module, then a bf16 matmul on the dequantized weight (dequantize=True's path).
+    Each row also holds both outputs' relative error against the fp32 product of the exact norm and the
+    dequantized weight (both carry the activations' FP8 rounding), and the fused one's against the
+    unfused one's."""
+    from transformers.integrations.finegrained_fp8 import FP8Linear
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3RMSNorm
+    from .fp8_linear import Fp8CheckpointLinear, dequantize_weight
+    k = cfg.q_lora_rank
+    n = cfg.num_attention_heads * (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim)
+    torch.manual_seed(5)
+    lin = FP8Linear(k, n, block_size=(128, 128), scale_fmt="float").to("cuda")
+    q, s = quantize_checkpoint_weight(torch.randn(n, k, device="cuda") * 0.02)
+    lin.weight.data, lin.weight_scale_inv.data = q, s
+    norm = DeepseekV3RMSNorm(k, eps=cfg.rms_norm_eps).to("cuda", BF16)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(k, device="cuda") + 0.5)
+    unfused = Fp8CheckpointLinear(lin, name=f"{name}.q_b_proj")
+    fused = Fp8CheckpointLinear(lin, name=f"{name}.q_b_proj (norm fused)")
+    fused.fuse_norm(norm)
+    w16 = dequantize_weight(q, s).to(BF16)
+    flush = Flush()
+    rows = []
+    with torch.no_grad():
+        for mod in (unfused, fused):
+            mod.prepare(max(ms))
+        for m in ms:
+            x = torch.randn(m, k, dtype=BF16, device="cuda") * 3
+            fns = [lambda: unfused(norm(x)), lambda: fused(x), lambda: torch.nn.functional.linear(norm(x), w16)]
+            for f in fns:
+                f()
+            t = time_rounds(fns, reps, warmup, flush=flush, delay_us=1000.0)
+            yf, yu = fused(x), unfused(norm(x))
+            xf = x.float()
+            exact = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + cfg.rms_norm_eps) * norm.weight.float()) \
+                @ w16.float().t()
+            err = _rel(yf, yu)
+            row = dict(model=name, projection="q_a_layernorm+q_b_proj", m=m, n=n, k=k,
+                       unfused_us=1e3 * t[0], fused_us=1e3 * t[1], bf16_us=1e3 * t[2],
+                       fused_over_unfused=t[0] / t[1], fused_over_bf16=t[2] / t[1], unfused_over_bf16=t[2] / t[0],
+                       rel_err_fused_vs_unfused=err, rel_err_fused=_rel(yf, exact), rel_err_unfused=_rel(yu, exact))
+            rows.append(row)
+            log(f"[fp8ckpt_norm] {name} M={m}: unfused {row['unfused_us']:.1f} us, fused {row['fused_us']:.1f} us "
+                f"({row['fused_over_unfused']:.3f}x), bf16 {row['bf16_us']:.1f} us (fused {row['fused_over_bf16']:.3f}x, "
+                f"unfused {row['unfused_over_bf16']:.3f}x); rel err vs the exact norm's product: fused "
+                f"{row['rel_err_fused']:.2e}, unfused {row['rel_err_unfused']:.2e}")
+    return rows

@@ -516,6 +516,8 @@ class Fp8CheckpointLinear(nn.Module):
         self._fp8, self._why = False, ""
         self.shared_activation: Optional[SharedActivation] = None  # SharedActivation.add sets it
         self.fused_pair: Optional[FusedPair] = None  # FusedPair sets it
+        self.__dict__["pre_norm"] = None  # the RMSNorm before this module, once fuse_norm() took it
+        self.norm_eps = 0.0
         self.refresh()
 
     # -- state -----------------------------------------------------------------------------------
@@ -542,9 +544,38 @@ class Fp8CheckpointLinear(nn.Module):
         """True when calls run fp8proj's GEMM (a Hopper GPU), False for the torch fallback."""
         return self._fp8
 
+    def fuse_norm(self, norm: nn.Module) -> nn.Module:
+        """Take the RMSNorm whose output this module alone reads (q_a_layernorm before q_b_proj): calls
+        then get the un-normalized rows and, on the kernel path, normalize and quantize them in one
+        pass (rmsnorm_quantize with fp32 amax/448 scales, the checkpoint's activation format); else
+        the norm module runs as it was, then this module. Returns the DeferredRMSNorm to install
+        where the norm was (its weight stays under the same name)."""
+        from .torch import DeferredRMSNorm, _norm_eps  # noqa: PLC0415 - fp8proj.torch imports this module's users
+        if self.shared_activation is not None or self.fused_pair is not None:
+            raise ValueError(f"fp8proj: {self.name} reads a shared input; its norm cannot be fused")
+        nw = getattr(norm, "weight", None)
+        if not isinstance(nw, torch.Tensor) or tuple(nw.shape) != (self.in_features,):
+            raise ValueError(f"fp8proj: {self.name}: the norm's weight must have shape ({self.in_features},), got "
+                             f"{None if nw is None else tuple(nw.shape)}")
+        self.norm_eps = _norm_eps(norm)
+        self.__dict__["pre_norm"] = norm
+        return DeferredRMSNorm(norm, self.name)
+
     # -- forward ---------------------------------------------------------------------------------
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         kernel = self._fp8 and x.dtype == torch.bfloat16 and not (torch.is_grad_enabled() and x.requires_grad)
+        norm = self.pre_norm
+        if norm is not None:
+            nw = norm.weight
+            if kernel and nw.dtype == torch.bfloat16 and nw.device == x.device and not (
+                    torch.is_grad_enabled() and nw.requires_grad):
+                x2 = x.reshape(-1, self.in_features)  # a row-strided view is read as it is
+                if x2.stride(-1) != 1:
+                    x2 = x2.contiguous()
+                q = torch.ops.fp8proj.rmsnorm_quantize(x2, nw.detach(), self.norm_eps, "float")
+                bias = self.bias.detach() if self.bias is not None else None
+                return block_fp8_linear(x, self.weight.detach(), self._scales(), "float", bias, quantized=q)
+            x = norm(x)  # the norm as the model had it, then this module on its output
         if not kernel and x.is_cuda and not torch.compiler.is_compiling():
             _lib.check_device_fault(self.name)
         # The bias in the output's dtype, as transformers' FP8Linear adds it.
@@ -597,6 +628,10 @@ class Fp8CheckpointLinear(nn.Module):
         if m <= 0:
             return f"M={m}: nothing to run"
         g, f = self.shared_activation, self.fused_pair
+        if self.pre_norm is not None:
+            what += ("; the RMSNorm before it fused: normalized and quantized in one pass (rmsnorm_quantize, fp32 "
+                     "scales)")
+        norm_first = "" if self.pre_norm is None else "; the RMSNorm before it runs first, as its module"
         shared = "" if g is None else (
             "; the input's quantization shared with " + ", ".join(n for n in g.members if n != self.name) +
             " (one quantization when they read the same tensor)")
@@ -607,7 +642,7 @@ class Fp8CheckpointLinear(nn.Module):
                       "they read the same tensor, this module's columns of its output" if n is not None else
                       f"; was fused with {others}, no longer (its weight moved): runs alone")
         if not self._fp8:
-            return f"M={m}: torch (weight dequantized per call, fp32 product) -- {self._why}{shared}"
+            return f"M={m}: torch (weight dequantized per call, fp32 product) -- {self._why}{norm_first}{shared}"
         lib = _lib.lib()
         h = self._gemm_handle(m, pair=f is not None and f.intact())
         try:
@@ -660,4 +695,5 @@ class Fp8CheckpointLinear(nn.Module):
                 f"bias={self.bias is not None}, weight_scale_inv={self.scale_format}, path={path}" +
                 ("" if self.shared_activation is None else
                  f", shared_activation={self.shared_activation.members}") +
-                ("" if self.fused_pair is None else f", fused_pair={self.fused_pair.members}"))
+                ("" if self.fused_pair is None else f", fused_pair={self.fused_pair.members}") +
+                ("" if self.pre_norm is None else f", fused_norm={type(self.pre_norm).__name__}"))

@@ -10,7 +10,7 @@ layer's workspaces are sized when it is made), so they can be captured in a CUDA
 torch.compile(fullgraph=True) traces them as single nodes.
 
     quantize_activation(x[M, K] bf16, scale_fmt="ue8m0") -> (values e4m3 [M, K], scales f32 [K/128, ceil4(M)])
-    rmsnorm_quantize(x, weight[K], eps) -> (values, scales)     x may be a row-strided view
+    rmsnorm_quantize(x, weight[K], eps, scale_fmt="ue8m0") -> (values, scales)   x may be a row-strided view
     quantize_weight(w[N, K] bf16, scale_fmt="ue8m0") -> (values e4m3 [N, K], scales f32 [ceil(N/128), ceil(K/128)])
 
 scale_fmt is "ue8m0" (power-of-two scales, the default) or "float" (fp32 amax/448, values x / scale:
@@ -120,8 +120,9 @@ def _quantize_activation_cuda(x: torch.Tensor, scale_fmt: str = "ue8m0"):
     return values, scales
 
 
-def _rmsnorm_quantize_cuda(x: torch.Tensor, weight: torch.Tensor, eps: float):
+def _rmsnorm_quantize_cuda(x: torch.Tensor, weight: torch.Tensor, eps: float, scale_fmt: str = "ue8m0"):
     op = "rmsnorm_quantize"
+    fmt = scale_format(op, scale_fmt)
     _check_tensor(x, op, "x", _BF16, contiguous=False)
     _check_tensor(weight, op, "weight", _BF16)
     x2 = _row_view(x, op)
@@ -136,8 +137,8 @@ def _rmsnorm_quantize_cuda(x: torch.Tensor, weight: torch.Tensor, eps: float):
     if m == 0:
         return values, scales
     stride = x2.stride(0) if m > 1 else k
-    rc = _lib.LIB.fp8proj_rmsnorm_quantize(x2.data_ptr(), stride, weight.data_ptr(), float(eps), m, k,
-                                           values.data_ptr(), scales.data_ptr(), ld, _raw_stream(x.get_device()))
+    rc = _lib.LIB.fp8proj_rmsnorm_quantize_scaled(x2.data_ptr(), stride, weight.data_ptr(), float(eps), m, k, fmt,
+                                                  values.data_ptr(), scales.data_ptr(), ld, _raw_stream(x.get_device()))
     if rc:
         raise _lib.fail("fp8proj.rmsnorm_quantize")
     return values, scales
@@ -339,8 +340,8 @@ def _quantize_activation_fake(x, scale_fmt="ue8m0"):
     return x.new_empty(x.shape, dtype=_E4M3), x.new_empty((k // 128, _ceil4(m)), dtype=_F32)
 
 
-def _rmsnorm_quantize_fake(x, weight, eps):
-    return _quantize_activation_fake(x)
+def _rmsnorm_quantize_fake(x, weight, eps, scale_fmt="ue8m0"):
+    return _quantize_activation_fake(x, scale_fmt)
 
 
 def _quantize_weight_fake(w, scale_fmt="ue8m0"):
@@ -370,7 +371,7 @@ def _linear_gapped_fake(x, weight, handle, wv, ws, groups, split, gap):
 _SCHEMAS = {
     "quantize_activation": ('quantize_activation(Tensor x, str scale_fmt="ue8m0") -> (Tensor, Tensor)',
                             _quantize_activation_cuda, _quantize_activation_fake),
-    "rmsnorm_quantize": ("rmsnorm_quantize(Tensor x, Tensor weight, float eps) -> (Tensor, Tensor)",
+    "rmsnorm_quantize": ('rmsnorm_quantize(Tensor x, Tensor weight, float eps, str scale_fmt="ue8m0") -> (Tensor, Tensor)',
                          _rmsnorm_quantize_cuda, _rmsnorm_quantize_fake),
     "quantize_weight": ('quantize_weight(Tensor w, str scale_fmt="ue8m0") -> (Tensor, Tensor)', _quantize_weight_cuda,
                         _quantize_weight_fake),
@@ -442,8 +443,8 @@ def quantize_activation(x: torch.Tensor, scale_fmt: str = "ue8m0"):
     return torch.ops.fp8proj.quantize_activation(x, scale_fmt)
 
 
-def rmsnorm_quantize(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6):
-    return torch.ops.fp8proj.rmsnorm_quantize(x, weight, eps)
+def rmsnorm_quantize(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, scale_fmt: str = "ue8m0"):
+    return torch.ops.fp8proj.rmsnorm_quantize(x, weight, eps, scale_fmt)
 
 
 def quantize_weight(w: torch.Tensor, scale_fmt: str = "ue8m0"):

@@ -278,3 +278,21 @@ def test_fused_pair_row_times_the_pair_beside_it_unfused(monkeypatch):
     assert row["fp8proj_shared_us"] == 1250.0 and row["speedup_vs_bf16"] == 2.0
     assert row["within_tolerance"] and 0 < row["fp8proj_shared_err_vs_dequant"] <= 2e-3
     assert not mos[0].fused_pair.holding and not group.holding
+
+
+def test_norm_fold_part_arguments_and_table(tmp_path):
+    from fp8proj import bench
+    a = bench.parse_args(["--out", "x", "--parts", "fp8ckpt_norm", "--norm-m", "16,4096"])
+    assert a.part_set == {"fp8ckpt_norm"} and a.norm_m_list == [16, 4096]
+    for bad in (["--parts", "fp8ckpt_norm", "--norm-m", ""], ["--norm-m", "16,x"], ["--norm-m", "0"]):
+        with pytest.raises(SystemExit):
+            bench.parse_args(["--out", "x"] + bad)
+    row = dict(model="glm5", projection="q_a_layernorm+q_b_proj", m=16, n=16384, k=2048, unfused_us=20.0,
+               fused_us=16.0, bf16_us=30.0, fused_over_unfused=1.25, fused_over_bf16=1.875, unfused_over_bf16=1.5,
+               rel_err_fused_vs_unfused=3e-3, rel_err_fused=2e-2, rel_err_unfused=2.1e-2)
+    meta = dict(gpu="cpu", command="python -m fp8proj.bench --parts fp8ckpt_norm", torch="t", transformers="t",
+                library="l")
+    bench._write(tmp_path, [], [], meta, {"projections": [], "model": [], "memory": [], "norm_fold": [row]})
+    md = (tmp_path / "results.md").read_text()
+    assert "| glm5 | 16 | 20.0 | 16.0 | 1.250x | 30.0 | 1.875x | 1.500x | 2.00e-02 / 2.10e-02 |" in md
+    assert (tmp_path / "fp8ckpt_norm.csv").read_text().startswith("model,projection,m,")

@@ -33,7 +33,8 @@ def test_import_and_status():
 
 SCHEMAS = {
     "quantize_activation": 'fp8proj::quantize_activation(Tensor x, str scale_fmt="ue8m0") -> (Tensor, Tensor)',
-    "rmsnorm_quantize": "fp8proj::rmsnorm_quantize(Tensor x, Tensor weight, float eps) -> (Tensor, Tensor)",
+    "rmsnorm_quantize": 'fp8proj::rmsnorm_quantize(Tensor x, Tensor weight, float eps, str scale_fmt="ue8m0") '
+                        "-> (Tensor, Tensor)",
     "quantize_weight": 'fp8proj::quantize_weight(Tensor w, str scale_fmt="ue8m0") -> (Tensor, Tensor)',
     "fp8_gemm": "fp8proj::fp8_gemm(Tensor xv, Tensor xs, Tensor wv, Tensor ws) -> Tensor",
     "linear": "fp8proj::linear(Tensor x, Tensor weight, int handle) -> Tensor",
@@ -59,6 +60,10 @@ def test_fake_shapes():
     strided = meta(7, 640)[:, :512]  # the q_a columns of a wider row
     v, s = ops.rmsnorm_quantize(strided, meta(512), 1e-6)
     assert v.shape == (7, 512) and s.shape == (4, 8)
+    v, s = ops.rmsnorm_quantize(strided, meta(512), 1e-6, "float")
+    assert v.shape == (7, 512) and s.shape == (4, 8)
+    with pytest.raises(ValueError, match="scale_fmt"):
+        ops.rmsnorm_quantize(strided, meta(512), 1e-6, "e5m2")
     v, s = ops.quantize_weight(meta(300, 256))
     assert v.shape == (300, 256) and s.shape == (3, 2)
     y = ops.fp8_gemm(meta(5, 256, dtype=E4M3), meta(2, 8, dtype=torch.float32), meta(384, 256, dtype=E4M3),

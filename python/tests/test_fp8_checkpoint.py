@@ -105,17 +105,22 @@ def test_fp8_linears_detected_and_reported():
     report = patch(model)
     taken = [f"model.layers.{i}.self_attn.{t}" for i in range(2) for t in ("q_b_proj", "o_proj")]
     assert sorted(report.patched) == sorted(taken) and sorted(report.fp8) == sorted(taken)
-    assert report.fused == []
+    # q_a_layernorm feeds q_b_proj alone (DeepSeek-V3's forward): fused into the FP8-checkpoint q_b_proj.
+    assert sorted(report.fused) == [f"model.layers.{i}.self_attn.q_b_proj" for i in range(2)]
     left = dict(report.left)
     for i in range(2):
         for t in ("q_a_proj", "kv_a_proj_with_mqa", "kv_b_proj"):
             assert "not a target" in left[f"model.layers.{i}.self_attn.{t}"]
         for t in ("gate_proj", "up_proj", "down_proj"):
             assert "outside the MLA attention" in left[f"model.layers.{i}.mlp.{t}"]
-        assert "not fused into q_b_proj: q_b_proj is an FP8 checkpoint layer" in \
-            dict(report.skipped)[f"model.layers.{i}.self_attn.q_a_layernorm"]
+        assert f"model.layers.{i}.self_attn.q_a_layernorm" not in dict(report.skipped)
     attn = model.model.layers[0].self_attn
     assert isinstance(attn.q_b_proj, Fp8CheckpointLinear) and isinstance(attn.q_a_proj, FP8Linear)
+    norm = attn.q_b_proj.pre_norm
+    assert type(attn.q_a_layernorm).__name__ == "DeferredRMSNorm" and attn.q_a_layernorm.weight is norm.weight
+    assert "(q_a_layernorm fused)" in str(report)
+    assert "RMSNorm before it " + ("fused" if attn.q_b_proj.uses_fp8_kernel else "runs first") in \
+        attn.q_b_proj.explain(64)
     # The module's own tensors, shared: same state_dict keys, same tensor objects, nothing copied.
     after = dict(model.state_dict())
     assert list(after) == list(sd)
@@ -130,7 +135,11 @@ def test_fp8_linears_detected_and_reported():
     if not HAVE_GPU:
         assert "run fp8proj's numerics in torch" in report.note
         assert "torch (weight dequantized per call" in attn.q_b_proj.explain(4096)
-    assert unpatch(model) == 4
+    assert unpatch(model) == 6  # 4 modules and the 2 norms
+    assert attn.q_a_layernorm is norm and attn.q_b_proj.__class__ is FP8Linear
+    r2 = patch(model, fuse_norm=False)
+    assert r2.fused == [] and "fuse_norm" not in str(r2) and attn.q_a_layernorm is norm
+    unpatch(model)
     assert patch(model, targets=("q_b_proj",)).fp8 == ["model.layers.0.self_attn.q_b_proj",
                                                        "model.layers.1.self_attn.q_b_proj"]
 
@@ -205,7 +214,9 @@ def test_model_without_kernels_runs_after_patch_and_unpatch_restores():
         ref = ref_model(ids).logits
     rel = ((logits.float() - ref.float()).norm() / ref.float().norm()).item()
     assert rel < 0.2, rel
-    assert unpatch(model) == len(originals)
+    norms = [layer.self_attn.q_a_layernorm.original for layer in model.model.layers]  # fused into q_b_proj
+    assert unpatch(model) == len(originals) + len(norms)
+    assert [layer.self_attn.q_a_layernorm for layer in model.model.layers] == norms
     for n, m in originals.items():  # the very modules, with their own forward
         assert model.get_submodule(n) is m and type(m).forward is FP8Linear.forward and "forward" not in vars(m)
     if not kernels_available():
@@ -308,3 +319,32 @@ def test_compile_fullgraph_traces_the_two_ops():
     assert len(graphs) == 1
     targets = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
     assert "fp8proj.quantize_activation" in targets and "fp8proj.fp8_gemm" in targets, targets
+
+
+def test_compile_fullgraph_traces_the_fused_norm():
+    """A q_b_proj that took its RMSNorm (fuse_norm): one rmsnorm_quantize (fp32 scales) and the GEMM."""
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3RMSNorm
+    torch._dynamo.reset()
+    lin = FP8Linear(256, 384, block_size=(128, 128), scale_fmt="float").to("meta")
+    mod = Fp8CheckpointLinear(lin, name="q_b_proj")
+    norm = DeepseekV3RMSNorm(256, eps=1e-6).to(device="meta", dtype=BF16)
+    passthrough = mod.fuse_norm(norm)
+    assert passthrough.weight is norm.weight and mod.norm_eps == 1e-6
+    mod._fp8 = True
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    with torch.no_grad():  # the norm's weight is a Parameter: with autograd on, the module runs unfused
+        y = torch.compile(mod, fullgraph=True, backend=backend)(torch.empty(3, 256, dtype=BF16, device="meta"))
+    assert y.shape == (3, 384) and len(graphs) == 1
+    nodes = [n for n in graphs[0].graph.nodes if n.op == "call_function"]
+    targets = [str(n.target) for n in nodes]
+    assert "fp8proj.rmsnorm_quantize" in targets and "fp8proj.fp8_gemm" in targets, targets
+    assert "fp8proj.quantize_activation" not in targets
+    rq = next(n for n in nodes if str(n.target) == "fp8proj.rmsnorm_quantize")
+    assert "float" in [a for a in rq.args if isinstance(a, str)] + list(rq.kwargs.values()), rq
+    with pytest.raises(ValueError, match="shape"):
+        Fp8CheckpointLinear(lin, name="other").fuse_norm(DeepseekV3RMSNorm(128).to("meta"))

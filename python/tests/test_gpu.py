@@ -94,6 +94,30 @@ def test_rmsnorm_quantize_strided_bit_identical():
     assert _same(v, v2) and _same(_valid_scales(s, m), _valid_scales(s2, m))
 
 
+def test_rmsnorm_quantize_float_scales():
+    """scale_fmt="float" (an FP8 checkpoint's activation format): each group's scale is amax/448 of
+    the normalized row (here from torch in fp32: within the bf16 rounding of the norm's output) and
+    the codes decode to it; the default stays UE8M0 (powers of two), and a strided view gives the
+    same bits as a contiguous copy."""
+    m, k, ld = 37, 2048, 2048 + 576
+    wide = torch.randn(m, ld, dtype=BF16, device="cuda") * 3
+    x = wide[:, :k]
+    w = torch.rand(k, dtype=BF16, device="cuda") + 0.5
+    v, s = ops.rmsnorm_quantize(x, w, 1e-6, "float")
+    v2, s2 = ops.rmsnorm_quantize(x.contiguous(), w, 1e-6, "float")
+    assert _same(v, v2) and _same(_valid_scales(s, m), _valid_scales(s2, m))
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) * w.float()
+    amax = y.view(m, k // 128, 128).abs().amax(-1).t()  # [K/128, M], the scales' layout
+    sf = _valid_scales(s, m)
+    torch.testing.assert_close(sf, amax / 448, rtol=1e-2, atol=0)
+    deq = (v.float().view(m, k // 128, 128) * sf.t().unsqueeze(-1)).view(m, k)
+    assert ((deq - y).abs() <= 0.07 * y.abs() + 0.004 * sf.t().repeat_interleave(128, 1)).all()
+    _, su = ops.rmsnorm_quantize(x, w, 1e-6)
+    mant, _ = torch.frexp(_valid_scales(su, m))
+    assert (mant == 0.5).all(), "the default scale format is UE8M0"
+
+
 @pytest.mark.parametrize("n,k", [(384, 256), (300, 256)])
 def test_quantize_weight_bit_identical(n, k):
     w = torch.randn(n, k, dtype=BF16, device="cuda")
@@ -472,6 +496,50 @@ def test_checkpoint_linear_compiled_and_graphed_bit_exact():
     assert _same(y, mod(x))
 
 
+@pytest.mark.parametrize("m", [1, 64, 4096])
+def test_checkpoint_linear_fused_norm(m):
+    """An FP8-checkpoint q_b_proj that took q_a_layernorm (fuse_norm): one rmsnorm_quantize with fp32
+    scales instead of the norm module and a quantization. Against the fp32 product of the exact
+    norm, the fused output is as accurate as the unfused pair of modules (both carry the
+    activations' FP8 rounding; transformers' RMSNorm rounds x * r to bf16 before the weight, the
+    fused pass once after it, so some codes round the other way and the two differ by about that
+    rounding); within the kernel's bound of the dequantized product of its own codes; bit-exact
+    under torch.compile and CUDA graphs."""
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3RMSNorm
+    torch._dynamo.reset()
+    lin, mod = _checkpoint_linear()
+    norm = DeepseekV3RMSNorm(512, eps=1e-6).to("cuda", BF16)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(512, device="cuda") + 0.5)
+    x = torch.randn(m, 512, dtype=BF16, device="cuda") * 3
+    with torch.no_grad():
+        unfused = mod(norm(x))
+        mod.fuse_norm(norm)
+        mod.prepare()
+        y = mod(x)
+    wd = _dequant_w(lin.weight, lin.weight_scale_inv.float())
+    xf = x.float()
+    exact = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) * norm.weight.float()) @ wd.t()
+    e_fused, e_unfused = _rel(y, exact), _rel(unfused, exact)
+    assert y.dtype == BF16 and e_fused < 4e-2 and e_fused < 1.2 * e_unfused + 2e-3, (e_fused, e_unfused)
+    assert _rel(y, unfused) < 3e-2
+    xv, xs = ops.rmsnorm_quantize(x, norm.weight.detach(), 1e-6, "float")
+    assert _rel(y, _dequant_x(xv, xs) @ wd.t()) < 2e-3
+    with torch.no_grad():
+        assert _same(torch.compile(mod, fullgraph=True)(x), y)
+        g = torch.cuda.CUDAGraph()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            mod(x)
+        torch.cuda.current_stream().wait_stream(s)
+        with torch.cuda.graph(g):
+            yg = mod(x)
+        g.replay()
+        torch.cuda.synchronize()
+    assert _same(yg, y)
+
+
 def test_fp8_checkpoint_model_patched_end_to_end():
     """A tiny DeepseekV3 whose linears are transformers' FP8Linear: patch takes them all, the model
     runs (with or without the `kernels` package), unpatch puts the very modules back."""
@@ -500,5 +568,7 @@ def test_fp8_checkpoint_model_patched_end_to_end():
     assert report.fp8_extra_bytes >= 0 and "FP8 checkpoint layers" in str(report)
     out = model(ids).logits
     assert _rel(out, ref) < 0.1, _rel(out, ref)
-    assert unpatch(model) == len(originals)
+    norms = [layer.self_attn.q_a_layernorm.original for layer in model.model.layers]  # fused into q_b_proj
+    assert unpatch(model) == len(originals) + len(norms)
+    assert [layer.self_attn.q_a_layernorm for layer in model.model.layers] == norms
     assert all(model.get_submodule(n) is m for n, m in originals.items())

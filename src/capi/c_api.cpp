@@ -190,7 +190,7 @@ void quantize_activation(const void* x, int64_t x_stride, int64_t m, int64_t k, 
 }
 
 void rmsnorm_quantize(const void* x, int64_t x_stride, const void* weight, float eps, int64_t m, int64_t k,
-                      void* values, float* scales, int64_t scale_ld, void* stream) {
+                      void* values, float* scales, int64_t scale_ld, void* stream, ScaleMode mode = ScaleMode::ue8m0) {
   FP8PROJ_CHECK(m >= 0, "m must be >= 0, got ", m);
   FP8PROJ_CHECK(k > 0 && k % 128 == 0, "k=", k, " must be a positive multiple of 128 (1x128 groups)");
   FP8PROJ_CHECK(x_stride >= k && x_stride % 8 == 0, "x_stride=", x_stride, " must be >= k=", k,
@@ -205,7 +205,7 @@ void rmsnorm_quantize(const void* x, int64_t x_stride, const void* weight, float
   check_device_pointer(scales, "scales");
   quant_ops(MemorySpace::device)
       .rmsnorm_quantize(static_cast<const bf16*>(x), x_stride, static_cast<const bf16*>(weight), eps, m, k,
-                        Fp8ActivationOut{static_cast<uint8_t*>(values), scales, m, k, scale_ld}, stream);
+                        Fp8ActivationOut{static_cast<uint8_t*>(values), scales, m, k, scale_ld}, mode, stream);
 }
 
 void quantize_weight(const void* w, int64_t n, int64_t k, void* values, float* scales, void* stream,
@@ -340,6 +340,15 @@ int fp8proj_quantize_activation_scaled(const void* x, int64_t x_stride, int64_t 
   return fp8proj::guarded_gpu([&] {
     const fp8proj::ScaleMode mode = fp8proj::scale_mode_of(scale_format, "scale_format");
     fp8proj::quantize_activation(x, x_stride, m, k, values, scales, scale_ld, stream, mode);
+  });
+}
+
+int fp8proj_rmsnorm_quantize_scaled(const void* x, int64_t x_stride, const void* weight, float eps, int64_t m,
+                                    int64_t k, int scale_format, void* values, float* scales, int64_t scale_ld,
+                                    void* stream) {
+  return fp8proj::guarded_gpu([&] {
+    const fp8proj::ScaleMode mode = fp8proj::scale_mode_of(scale_format, "scale_format");
+    fp8proj::rmsnorm_quantize(x, x_stride, weight, eps, m, k, values, scales, scale_ld, stream, mode);
   });
 }
 

@@ -13,6 +13,7 @@ class HostQuantOps final : public QuantOps {
   MemorySpace space() const override { return MemorySpace::host; }
   using QuantOps::quantize_activation;  // the overloads without a mode stay callable here too
   using QuantOps::quantize_weight;
+  using QuantOps::rmsnorm_quantize;
   void quantize_activation(const bf16* x, int64_t m, int64_t k, Fp8ActivationOut out, ScaleMode mode,
                            StreamHandle) const override {
     cpu::quantize_activation(x, m, k, out, mode);
@@ -22,8 +23,8 @@ class HostQuantOps final : public QuantOps {
     cpu::rmsnorm(x, x_stride, w, eps, m, k, y);
   }
   void rmsnorm_quantize(const bf16* x, int64_t x_stride, const bf16* w, float eps, int64_t m, int64_t k,
-                        Fp8ActivationOut out, StreamHandle) const override {
-    cpu::rmsnorm_quantize(x, x_stride, w, eps, m, k, out);
+                        Fp8ActivationOut out, ScaleMode mode, StreamHandle) const override {
+    cpu::rmsnorm_quantize(x, x_stride, w, eps, m, k, out, mode);
   }
   void quantize_weight(const bf16* w, int64_t n, int64_t k, Fp8WeightOut out, ScaleMode mode,
                        StreamHandle) const override {

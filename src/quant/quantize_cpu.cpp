@@ -180,12 +180,12 @@ void rmsnorm(const bf16* x, int64_t x_stride, const bf16* weight, float eps, int
 }
 
 void rmsnorm_quantize(const bf16* x, int64_t x_stride, const bf16* weight, float eps, int64_t m, int64_t k,
-                      Fp8ActivationOut out) {
+                      Fp8ActivationOut out, ScaleMode mode) {
   check_activation_args(x, m, k, out);
   if (m == 0) return;
   std::vector<bf16> normed(static_cast<size_t>(m * k));
   rmsnorm(x, x_stride, weight, eps, m, k, normed.data());
-  quantize_activation(normed.data(), m, k, out);
+  quantize_activation(normed.data(), m, k, out, mode);
 }
 
 std::vector<float> dequantize(const Fp8WeightView& w) {

@@ -85,6 +85,19 @@ TEST(CApiErrors, ScaleFormats) {
                                                nullptr),
             0)
       << fp8proj_last_error();
+  EXPECT_TRUE(FailsWith(fp8proj_rmsnorm_quantize_scaled(host_bytes, 128, host_bytes, 1e-6f, 4, 128, 5, host_bytes, s,
+                                                        4, nullptr),
+                        "scale_format=5"));
+  EXPECT_TRUE(FailsWith(fp8proj_rmsnorm_quantize_scaled(host_bytes, 100, host_bytes, 1e-6f, 4, 100,
+                                                        FP8PROJ_SCALES_FLOAT, host_bytes, s, 4, nullptr),
+                        "multiple of 128"));
+  EXPECT_TRUE(FailsWith(fp8proj_rmsnorm_quantize_scaled(host_bytes, 128, host_bytes, -1.0f, 4, 128,
+                                                        FP8PROJ_SCALES_FLOAT, host_bytes, s, 4, nullptr),
+                        "eps must be >= 0"));
+  EXPECT_EQ(fp8proj_rmsnorm_quantize_scaled(nullptr, 128, nullptr, 1e-6f, 0, 128, FP8PROJ_SCALES_FLOAT, nullptr,
+                                            nullptr, 0, nullptr),
+            0)
+      << fp8proj_last_error();
   fp8proj_projection* p = reinterpret_cast<fp8proj_projection*>(0x1);
   EXPECT_TRUE(FailsWith(fp8proj_projection_create_scaled(host_bytes, 128, 128, nullptr, 2, &p), "weight_scales=2"));
   EXPECT_EQ(p, nullptr) << "a failed create must leave no handle behind";

@@ -238,5 +238,34 @@ TEST(RmsNorm, FusedQuantizeEqualsNormThenQuantize) {
   EXPECT_EQ(0, std::memcmp(a.scales.data(), b.scales.data(), a.scales.size() * 4));
 }
 
+// The fp32 scale format (what an FP8 checkpoint's FP8Linear takes): each group's scale is
+// fl(max(amax, eps) / 448) of the normalized bf16 values, not a power of two in general, and the
+// codes are e4m3(x / scale); the default stays UE8M0.
+TEST(RmsNorm, FusedQuantizeTakesTheFloatScaleFormat) {
+  const int64_t m = 3, k = 512;
+  const auto x = random_bf16(m * k, 15, 2.0f), g = random_bf16(k, 16);
+  std::vector<bf16> y(m * k);
+  cpu::rmsnorm(x.data(), k, g.data(), kRmsNormEps, m, k, y.data());
+  HostFp8Activation f = make_host_fp8_activation(m, k), u = make_host_fp8_activation(m, k);
+  cpu::rmsnorm_quantize(x.data(), k, g.data(), kRmsNormEps, m, k, f.out(), ScaleMode::fp32);
+  cpu::rmsnorm_quantize(x.data(), k, g.data(), kRmsNormEps, m, k, u.out());
+  int not_pow2 = 0;
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t grp = 0; grp < k / 128; ++grp) {
+      float amax = 0.0f;
+      for (int64_t c = grp * 128; c < grp * 128 + 128; ++c) amax = std::max(amax, std::fabs(bf16_to_float(y[r * k + c])));
+      const float s = f.scales[grp * f.scale_ld + r];
+      EXPECT_EQ(s, std::max(amax, kActAmaxEps) / 448.0f) << "row " << r << " group " << grp;
+      int e = 0;
+      not_pow2 += std::frexp(s, &e) != 0.5f;
+      EXPECT_EQ(std::frexp(u.scales[grp * u.scale_ld + r], &e), 0.5f) << "the default is UE8M0";
+      for (int64_t c = grp * 128; c < grp * 128 + 128; ++c)
+        EXPECT_NEAR(e4m3_to_float(f.values[r * k + c]) * s, bf16_to_float(y[r * k + c]),
+                    std::fabs(bf16_to_float(y[r * k + c])) / 16 + s / 512)
+            << r << "," << c;
+    }
+  EXPECT_GT(not_pow2, 0) << "every fp32 scale a power of two: the format was not applied";
+}
+
 }  // namespace
 }  // namespace fp8proj

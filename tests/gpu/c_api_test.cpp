@@ -285,4 +285,73 @@ TEST_F(CApiGpu, FloatScaleFormat) {
   fp8proj_fp8_gemm_destroy(g);
 }
 
+// The fused RMSNorm + 1x128 quantization in both scale formats through the ABI: the UE8M0 call is
+// the unscaled entry point's, bit for bit; each fp32 scale is amax/448 of the group's normalized
+// values (computed here in fp64: within the bf16 rounding of the norm's output), each UE8M0 scale
+// the power of two at or above it, and the fp32 codes decode to the normalized values within
+// e4m3's precision.
+TEST_F(CApiGpu, RmsnormQuantizeScaleFormats) {
+  const int64_t m = 37, k = 512, ld = 40, cb = k / 128;
+  const float eps = 1e-6f;
+  std::mt19937 rng(23);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  auto bf16_of = [](float f) {  // round to nearest even
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  };
+  std::vector<uint16_t> x(m * k), w(k);
+  for (auto& v : x) v = bf16_of(3.0f * nd(rng));
+  for (auto& v : w) v = bf16_of(1.0f + 0.3f * nd(rng));
+  const uint16_t* dx = upload(x);
+  const uint16_t* dw = upload(w);
+  uint8_t* dv[3];
+  float* ds[3];
+  for (int i = 0; i < 3; ++i) {
+    dv[i] = upload(std::vector<uint8_t>(m * k));
+    ds[i] = upload(std::vector<float>(cb * ld));
+  }
+  ASSERT_EQ(fp8proj_rmsnorm_quantize(dx, k, dw, eps, m, k, dv[0], ds[0], ld, nullptr), 0) << last_error();
+  ASSERT_EQ(fp8proj_rmsnorm_quantize_scaled(dx, k, dw, eps, m, k, FP8PROJ_SCALES_UE8M0, dv[1], ds[1], ld, nullptr), 0)
+      << last_error();
+  ASSERT_EQ(fp8proj_rmsnorm_quantize_scaled(dx, k, dw, eps, m, k, FP8PROJ_SCALES_FLOAT, dv[2], ds[2], ld, nullptr), 0)
+      << last_error();
+  EXPECT_EQ(fp8proj_rmsnorm_quantize_scaled(nullptr, k, nullptr, eps, 0, k, FP8PROJ_SCALES_FLOAT, nullptr, nullptr, 0,
+                                            nullptr),
+            0)
+      << "M = 0 is a no-op: " << last_error();
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<uint8_t> v[3];
+  std::vector<float> sc[3];
+  for (int i = 0; i < 3; ++i) {
+    v[i].resize(m * k);
+    sc[i].resize(cb * ld);
+    ASSERT_EQ(cudaMemcpy(v[i].data(), dv[i], v[i].size(), cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(sc[i].data(), ds[i], sc[i].size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  }
+  EXPECT_EQ(v[0], v[1]) << "FP8PROJ_SCALES_UE8M0 codes differ from fp8proj_rmsnorm_quantize's";
+  EXPECT_EQ(sc[0], sc[1]) << "FP8PROJ_SCALES_UE8M0 scales differ from fp8proj_rmsnorm_quantize's";
+  int bad = 0;
+  for (int64_t i = 0; i < m; ++i) {
+    double ss = 0;
+    for (int64_t c = 0; c < k; ++c) ss += bf16_to_double(x[i * k + c]) * bf16_to_double(x[i * k + c]);
+    const double r = 1.0 / std::sqrt(ss / double(k) + double(eps));
+    for (int64_t g = 0; g < cb; ++g) {
+      double y[128], amax = 0;
+      for (int c = 0; c < 128; ++c) {
+        y[c] = bf16_to_double(x[i * k + g * 128 + c]) * r * bf16_to_double(w[g * 128 + c]);
+        amax = std::max(amax, std::fabs(y[c]));
+      }
+      const double sf = sc[2][g * ld + i], su = sc[1][g * ld + i];
+      EXPECT_NEAR(sf, amax / 448.0, 0.01 * amax / 448.0) << "fp32 scale, row " << i << " group " << g;
+      int e = 0;
+      EXPECT_EQ(std::frexp(su, &e), 0.5) << "UE8M0 scale " << su << " is not a power of two";
+      EXPECT_TRUE(su >= sf && su < 2.0 * sf) << "UE8M0 scale " << su << " against fp32 scale " << sf;
+      for (int c = 0; c < 128; ++c)
+        bad += std::fabs(decode_e4m3(v[2][i * k + g * 128 + c]) * sf - y[c]) > 0.07 * std::fabs(y[c]) + 0.004 * sf;
+    }
+  }
+  EXPECT_EQ(bad, 0) << "fp32-scale codes that do not decode to the normalized values";
+}
+
 }  // namespace

@@ -321,18 +321,24 @@ TEST_P(RmsNormQuantGpu, BitExactWithCpu) {
     x[2 * xs + k - 1] = float_to_bf16(std::numeric_limits<float>::infinity());  // one NaN group, rest zeros
   }
   const auto w = norm_weight(k, uint32_t(2 * k));
-  HostFp8Activation ref = make_host_fp8_activation(m, k);
-  cpu::rmsnorm_quantize(x.data(), xs, w.data(), kRmsNormEps, m, k, ref.out());
-
   Buffer d_x = to_device(x), d_w = to_device(w);
-  Buffer values = poisoned(static_cast<size_t>(m * k)), scales = poisoned(static_cast<size_t>(k / 128 * ref.scale_ld) * 4);
-  const Stream stream;
-  device_ops().rmsnorm_quantize(d_x.data<bf16>(), xs, d_w.data<bf16>(), kRmsNormEps, m, k,
-                                {values.data<uint8_t>(), scales.data<float>(), m, k, ref.scale_ld}, stream.handle());
-  stream.sync();
   std::vector<bf16> dense(static_cast<size_t>(m * k));  // the input rows, for the failure messages
   for (int64_t r = 0; r < m; ++r) std::copy_n(x.begin() + r * xs, k, dense.begin() + r * k);
-  expect_matches(ref, values, scales, ref.scale_ld, dense, "fused, x_stride " + std::to_string(xs));
+  // Both scale formats: UE8M0 (fp8proj's own copies) and fp32 amax/448 (an FP8 checkpoint's
+  // FP8Linear takes its input that way).
+  for (const ScaleMode mode : {ScaleMode::ue8m0, ScaleMode::fp32}) {
+    HostFp8Activation ref = make_host_fp8_activation(m, k);
+    cpu::rmsnorm_quantize(x.data(), xs, w.data(), kRmsNormEps, m, k, ref.out(), mode);
+    Buffer values = poisoned(static_cast<size_t>(m * k));
+    Buffer scales = poisoned(static_cast<size_t>(k / 128 * ref.scale_ld) * 4);
+    const Stream stream;
+    device_ops().rmsnorm_quantize(d_x.data<bf16>(), xs, d_w.data<bf16>(), kRmsNormEps, m, k,
+                                  {values.data<uint8_t>(), scales.data<float>(), m, k, ref.scale_ld}, mode,
+                                  stream.handle());
+    stream.sync();
+    expect_matches(ref, values, scales, ref.scale_ld, dense,
+                   std::string("fused, ") + scale_mode_name(mode) + ", x_stride " + std::to_string(xs));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, RmsNormQuantGpu, ::testing::ValuesIn(kFusedShapes), shape_name);

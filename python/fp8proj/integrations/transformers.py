@@ -23,7 +23,9 @@ fp32 amax/448 scales); the target "fp8_linear" (ALL_FP8_LINEARS) takes every oth
 the model too (the dense MLPs, shared experts). FP8 modules left on transformers' path (MoE
 experts, other block sizes, static activation scales, a target not asked for) are listed in
 report.left with the reason. A model whose FP8Linears cannot run (no `kernels` package, offline)
-runs after patch().
+runs after patch(). Where the forward allows the norm fusion above, an FP8-checkpoint q_b_proj takes
+q_a_layernorm too: one pass normalizes its input and quantizes it with fp32 scales
+(Fp8CheckpointLinear.fuse_norm; fuse_norm=False keeps them apart).
 
 Where an attention's q_a_proj and kv_a_proj_with_mqa are both FP8 checkpoint layers taken by
 fp8proj and its forward calls both on one variable (DeepSeek-V3, GLM-5: `self.q_a_proj(
@@ -313,6 +315,7 @@ def patch(model: nn.Module, *, enabled: Optional[bool] = True, policy: str = "pr
     spaces: Dict[bool, Optional[Workspace]] = {False: None, True: None}
     opts = dict(enabled=enabled, policy=policy, scales=scales, **layer_opts)
     plan = []  # (attn name, attn, target, fused?)
+    norm_folds: Dict[str, nn.Module] = {}  # FP8-checkpoint q_b_proj name -> its attention (q_a_layernorm fused)
     for aname, attn in attns:
         for t in targets:
             if t == "fp8_linear":
@@ -326,9 +329,13 @@ def patch(model: nn.Module, *, enabled: Optional[bool] = True, policy: str = "pr
                 else:
                     fp8_plan[full] = (attn, t, lin)
                     if t == "q_b_proj" and fuse_norm:
-                        report.skipped.append((f"{aname}.q_a_layernorm", "not fused into q_b_proj: q_b_proj is an FP8 "
-                                               "checkpoint layer, whose input takes fp32 scales (the fused "
-                                               "norm + quantize kernel writes UE8M0)"))
+                        ok_fold, why_unfused = _norm_feeds_q_b_alone(attn)
+                        if ok_fold:
+                            ok_fold, why_unfused = _norm_is_plain_rmsnorm(attn.q_a_layernorm)
+                        if ok_fold:
+                            norm_folds[full] = attn
+                        else:
+                            report.skipped.append((f"{aname}.q_a_layernorm", f"not fused into q_b_proj: {why_unfused}"))
                 continue
             why_not = _linear_skip_reason(lin)
             if why_not:
@@ -414,6 +421,12 @@ def patch(model: nn.Module, *, enabled: Optional[bool] = True, policy: str = "pr
         setattr(parent, attr, mod)
         report.patched.append(full)
         report.fp8.append(full)
+        if full in norm_folds:
+            norm = parent.q_a_layernorm
+            passthrough = mod.fuse_norm(norm)
+            originals.append((parent, "q_a_layernorm", norm))
+            parent.q_a_layernorm = passthrough
+            report.fused.append(full)
     _share_pairs(model, attns, fp8_plan, report, share_inputs, fuse_pair)
     for full in report.fp8:
         # Each GEMM plan made now, outside any CUDA graph capture (a no-op off the GPU path).

@@ -51,6 +51,7 @@ class DeviceQuantOps final : public QuantOps {
 
   using QuantOps::quantize_activation;  // the overloads without a mode stay callable here too
   using QuantOps::quantize_weight;
+  using QuantOps::rmsnorm_quantize;
 
   void quantize_activation(const bf16* x, int64_t m, int64_t k, Fp8ActivationOut out, ScaleMode mode,
                            StreamHandle stream) const override {
@@ -78,7 +79,7 @@ class DeviceQuantOps final : public QuantOps {
   }
 
   void rmsnorm_quantize(const bf16* x, int64_t x_stride, const bf16* weight, float eps, int64_t m, int64_t k,
-                        Fp8ActivationOut out, StreamHandle stream) const override {
+                        Fp8ActivationOut out, ScaleMode mode, StreamHandle stream) const override {
     check_device_usable();
     check_activation_args(x, m, k, out);
     if (m == 0) return;
@@ -89,7 +90,7 @@ class DeviceQuantOps final : public QuantOps {
     check_aligned(x, "rmsnorm input");
     check_row_stride(x_stride, k);
     check_activation_out(out);
-    gpu::launch_rmsnorm_quant(x, x_stride, weight, eps, m, k, out, as_cuda(stream));
+    gpu::launch_rmsnorm_quant(x, x_stride, weight, eps, m, k, out, mode, as_cuda(stream));
   }
 
   void quantize_weight(const bf16* w, int64_t n, int64_t k, Fp8WeightOut out, ScaleMode mode,

@@ -1,5 +1,6 @@
-// RMSNorm, alone (bf16 out) and fused with the 1x128 activation quantization (e4m3 + UE8M0
-// scales out): the input side of q_b_proj, which follows q_a_layernorm. Bit-identical to
+// RMSNorm, alone (bf16 out) and fused with the 1x128 activation quantization (e4m3 + UE8M0 or
+// fp32 amax/448 scales out, the two ScaleModes): the input side of q_b_proj, which follows
+// q_a_layernorm (fp32 scales: an FP8 checkpoint's FP8Linear takes its input that way). Bit-identical to
 // cpu::rmsnorm / cpu::rmsnorm_quantize (src/quant/quantize_cpu.cpp):
 //   ss   lane j of the row's warp accumulates with fmaf, in increasing order, the elements of
 //        the 8-element chunks c = j, j+32, j+64, ...; then s[j] += s[j ^ off] for off = 16..1
@@ -75,7 +76,7 @@ struct RowOut {
 
 // Normalizes (and quantizes) chunk c of the row. Every lane of the warp calls it together;
 // `valid` is false for lanes past the end of the row (whole half-warps: K % 128 == 0).
-template <bool kQuantize>
+template <bool kQuantize, ScaleMode kMode>
 __device__ __forceinline__ void emit_chunk(const uint4& xv, const bf16* __restrict__ w, float r, int64_t row,
                                            int64_t k, int64_t c, bool valid, int lane, int warp,
                                            const RowOut& out) {
@@ -86,7 +87,7 @@ __device__ __forceinline__ void emit_chunk(const uint4& xv, const bf16* __restri
     if (valid) reinterpret_cast<uint4*>(out.y + row * k)[c] = make_uint4(yw[0], yw[1], yw[2], yw[3]);
   } else {
     uint32_t codes[2];
-    const float s = quantize_group<kLanesPerGroup>(yw, kActAmaxEps, codes);
+    const float s = quantize_group<kLanesPerGroup, kMode>(yw, kActAmaxEps, codes);
     if (valid) {
       reinterpret_cast<uint2*>(out.q + row * k)[c] = make_uint2(codes[0], codes[1]);
       if (lane % kLanesPerGroup == 0) out.tile_scales[(c / kLanesPerGroup) * kRowsPerCta + warp] = s;
@@ -96,7 +97,7 @@ __device__ __forceinline__ void emit_chunk(const uint4& xv, const bf16* __restri
 
 // Min 2 CTAs per SM caps registers at 128. Without the hint ptxas (CUDA 13.0) still used 64
 // registers but spilled 4 bytes (8-byte stack frame); with it: 64 registers, no stack.
-template <bool kQuantize>
+template <bool kQuantize, ScaleMode kMode = ScaleMode::ue8m0>
 __global__ void __launch_bounds__(kThreads, 2)
     rmsnorm_kernel(const bf16* __restrict__ x, int64_t x_stride, const bf16* __restrict__ w, float eps, int64_t m,
                    int64_t k, bf16* __restrict__ y, uint8_t* __restrict__ q, float* __restrict__ scales, int64_t ld) {
@@ -127,12 +128,12 @@ __global__ void __launch_bounds__(kThreads, 2)
     for (int i = 0; i < kCachedChunks; ++i) {
       if (32 * i >= chunks) break;  // warp-uniform
       const int64_t c = lane + 32 * i;
-      emit_chunk<kQuantize>(cache[i], w, r, row, k, c, c < chunks, lane, warp, out);
+      emit_chunk<kQuantize, kMode>(cache[i], w, r, row, k, c, c < chunks, lane, warp, out);
     }
     for (int64_t base = 32 * kCachedChunks; base < chunks; base += 32) {
       const int64_t c = base + lane;
       const bool valid = c < chunks;
-      emit_chunk<kQuantize>(valid ? __ldg(xr + c) : make_uint4(0, 0, 0, 0), w, r, row, k, c, valid, lane, warp,
+      emit_chunk<kQuantize, kMode>(valid ? __ldg(xr + c) : make_uint4(0, 0, 0, 0), w, r, row, k, c, valid, lane, warp,
                             out);
     }
   }
@@ -159,11 +160,16 @@ void launch_rmsnorm(const bf16* x, int64_t x_stride, const bf16* w, float eps, i
 }
 
 void launch_rmsnorm_quant(const bf16* x, int64_t x_stride, const bf16* w, float eps, int64_t m, int64_t k,
-                          const Fp8ActivationOut& out, cudaStream_t stream) {
+                          const Fp8ActivationOut& out, ScaleMode mode, cudaStream_t stream) {
   if (m == 0) return;
   const size_t smem = static_cast<size_t>(k / kScaleBlock) * kRowsPerCta * sizeof(float);  // 16 KB at K = 65536
-  launch_kernel({dim3(static_cast<unsigned>(ceil_div(m, kRowsPerCta))), dim3(kThreads), smem, stream},
-                rmsnorm_kernel<true>, x, x_stride, w, eps, m, k, nullptr, out.values, out.scales, out.scale_ld);
+  const LaunchShape shape{dim3(static_cast<unsigned>(ceil_div(m, kRowsPerCta))), dim3(kThreads), smem, stream};
+  if (mode == ScaleMode::ue8m0)
+    launch_kernel(shape, rmsnorm_kernel<true, ScaleMode::ue8m0>, x, x_stride, w, eps, m, k, nullptr, out.values,
+                  out.scales, out.scale_ld);
+  else
+    launch_kernel(shape, rmsnorm_kernel<true, ScaleMode::fp32>, x, x_stride, w, eps, m, k, nullptr, out.values,
+                  out.scales, out.scale_ld);
 }
 
 }  // namespace fp8proj::gpu

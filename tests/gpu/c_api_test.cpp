@@ -186,6 +186,13 @@ uint8_t encode_e4m3_naive(float v) {
   return static_cast<uint8_t>(sign | best);
 }
 
+// bf16 bits of f, rounded to nearest even (finite inputs).
+uint16_t bf16_of(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
 // The fp32 ("float") scale format through the ABI: weights in 128x128 blocks and activations in
 // 1x128 groups against this file's own rule (scale fl32(max(amax, eps) / 448), code
 // e4m3(fl32(x / scale)), the quotients taken in fp64 and rounded once: the correctly rounded
@@ -195,11 +202,6 @@ TEST_F(CApiGpu, FloatScaleFormat) {
   const int64_t n = 272, k = 384, m = 40;
   std::mt19937 rng(11);
   std::normal_distribution<float> nd(0.0f, 1.0f);
-  auto bf16_of = [](float f) {  // round to nearest even
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
-    return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-  };
   std::vector<uint16_t> w(n * k), x(m * k);
   for (auto& v : w) v = bf16_of(0.02f * nd(rng));
   for (auto& v : x) v = bf16_of(nd(rng));
@@ -295,11 +297,6 @@ TEST_F(CApiGpu, RmsnormQuantizeScaleFormats) {
   const float eps = 1e-6f;
   std::mt19937 rng(23);
   std::normal_distribution<float> nd(0.0f, 1.0f);
-  auto bf16_of = [](float f) {  // round to nearest even
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
-    return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-  };
   std::vector<uint16_t> x(m * k), w(k);
   for (auto& v : x) v = bf16_of(3.0f * nd(rng));
   for (auto& v : w) v = bf16_of(1.0f + 0.3f * nd(rng));

@@ -239,6 +239,15 @@ def _norm_is_plain_rmsnorm(norm: nn.Module) -> Tuple[bool, str]:
     return True, ""
 
 
+def _norm_fusion_skip_reason(attn: nn.Module) -> str:
+    """"" where q_a_layernorm can be fused into q_b_proj (bf16 or FP8-checkpoint alike): its output
+    feeds q_b_proj alone and it is a plain RMSNorm; else why not."""
+    ok, why = _norm_feeds_q_b_alone(attn)
+    if ok:
+        ok, why = _norm_is_plain_rmsnorm(attn.q_a_layernorm)
+    return "" if ok else why
+
+
 def _is_fp8_linear(lin: Optional[nn.Module]) -> bool:
     cls = fp8_linear_class()
     return cls is not None and isinstance(lin, cls)
@@ -329,10 +338,8 @@ def patch(model: nn.Module, *, enabled: Optional[bool] = True, policy: str = "pr
                 else:
                     fp8_plan[full] = (attn, t, lin)
                     if t == "q_b_proj" and fuse_norm:
-                        ok_fold, why_unfused = _norm_feeds_q_b_alone(attn)
-                        if ok_fold:
-                            ok_fold, why_unfused = _norm_is_plain_rmsnorm(attn.q_a_layernorm)
-                        if ok_fold:
+                        why_unfused = _norm_fusion_skip_reason(attn)
+                        if not why_unfused:
                             norm_folds[full] = attn
                         else:
                             report.skipped.append((f"{aname}.q_a_layernorm", f"not fused into q_b_proj: {why_unfused}"))
@@ -342,11 +349,10 @@ def patch(model: nn.Module, *, enabled: Optional[bool] = True, policy: str = "pr
                 if t != "q_proj" or lin is not None:
                     report.skipped.append((full, why_not))
                 continue
-            fused, why_unfused = False, ""
+            fused = False
             if t == "q_b_proj" and fuse_norm:
-                fused, why_unfused = _norm_feeds_q_b_alone(attn)
-                if fused:
-                    fused, why_unfused = _norm_is_plain_rmsnorm(attn.q_a_layernorm)
+                why_unfused = _norm_fusion_skip_reason(attn)
+                fused = not why_unfused
                 if not fused:
                     report.skipped.append((f"{aname}.q_a_layernorm", f"not fused into q_b_proj: {why_unfused}"))
             plan.append((aname, attn, t, fused, full))

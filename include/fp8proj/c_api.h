@@ -103,6 +103,14 @@ FP8PROJ_C_EXPORT int fp8proj_rmsnorm_quantize_scaled(const void* x, int64_t x_st
 FP8PROJ_C_EXPORT int fp8proj_quantize_weight_scaled(const void* w, int64_t n, int64_t k, int scale_format,
                                                     void* values, float* scales, void* stream);
 
+/* A gated MLP's down_proj input in one pass: quantize_activation(bf16(bf16(silu(gate)) * up)),
+ * silu(g) = g / (1 + exp(-g)) in fp32 with the two bf16 roundings of PyTorch's bf16
+ * act_fn(gate) * up. gate and up bf16 [m, k], row r at gate / up + r * stride elements (stride
+ * >= k, a multiple of 8: e.g. the two column halves of one [m, 2k] GEMM output, stride 2k). */
+FP8PROJ_C_EXPORT int fp8proj_silu_mul_quantize(const void* gate, const void* up, int64_t stride, int64_t m,
+                                               int64_t k, int scale_format, void* values, float* scales,
+                                               int64_t scale_ld, void* stream);
+
 /* Bytes of device memory the plan owns beyond the weight (split-K partials and counters). */
 FP8PROJ_C_EXPORT int fp8proj_fp8_gemm_workspace_bytes(const fp8proj_fp8_gemm* gemm, size_t* bytes);
 

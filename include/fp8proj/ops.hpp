@@ -34,6 +34,12 @@ class QuantOps {
                         int64_t k, Fp8ActivationOut out, StreamHandle stream) const {
     rmsnorm_quantize(x, x_stride, weight, eps, m, k, out, ScaleMode::ue8m0, stream);
   }
+  // quantize_activation(bf16(bf16(silu(gate)) * up)) in one pass: a gated MLP's input to down_proj,
+  // silu(g) = g / (1 + exp(-g)) in fp32 and the two bf16 roundings of PyTorch's bf16
+  // act_fn(gate) * up. gate and up are [m, k] with rows `stride` >= k elements apart (e.g. the
+  // two column halves of one [m, 2k] output); `mode` as for quantize_activation.
+  virtual void silu_mul_quantize(const bf16* gate, const bf16* up, int64_t stride, int64_t m, int64_t k,
+                                 Fp8ActivationOut out, ScaleMode mode, StreamHandle stream) const = 0;
   // 128x128 blocks; `mode` as above (ProjectionOptions::weight_scales for the layer's copy).
   virtual void quantize_weight(const bf16* w, int64_t n, int64_t k, Fp8WeightOut out, ScaleMode mode,
                                StreamHandle stream) const = 0;

@@ -208,6 +208,24 @@ void rmsnorm_quantize(const void* x, int64_t x_stride, const void* weight, float
                         Fp8ActivationOut{static_cast<uint8_t*>(values), scales, m, k, scale_ld}, mode, stream);
 }
 
+void silu_mul_quantize(const void* gate, const void* up, int64_t stride, int64_t m, int64_t k, void* values,
+                       float* scales, int64_t scale_ld, void* stream, ScaleMode mode) {
+  FP8PROJ_CHECK(m >= 0, "m must be >= 0, got ", m);
+  FP8PROJ_CHECK(k > 0 && k % 128 == 0, "k=", k, " must be a positive multiple of 128 (1x128 groups)");
+  FP8PROJ_CHECK(stride >= k && stride % 8 == 0, "stride=", stride, " must be >= k=", k,
+                " and a multiple of 8 elements (16-byte rows)");
+  check_scale_ld(scale_ld, m);
+  if (m == 0) return;
+  check_gpu("silu_mul_quantize");
+  check_device_pointer(gate, "gate");
+  check_device_pointer(up, "up");
+  check_device_pointer(values, "values");
+  check_device_pointer(scales, "scales");
+  quant_ops(MemorySpace::device)
+      .silu_mul_quantize(static_cast<const bf16*>(gate), static_cast<const bf16*>(up), stride, m, k,
+                         Fp8ActivationOut{static_cast<uint8_t*>(values), scales, m, k, scale_ld}, mode, stream);
+}
+
 void quantize_weight(const void* w, int64_t n, int64_t k, void* values, float* scales, void* stream,
                      ScaleMode mode = ScaleMode::ue8m0) {
   FP8PROJ_CHECK(n > 0 && k > 0, "weight shape ", n, "x", k, " must be positive");
@@ -349,6 +367,14 @@ int fp8proj_rmsnorm_quantize_scaled(const void* x, int64_t x_stride, const void*
   return fp8proj::guarded_gpu([&] {
     const fp8proj::ScaleMode mode = fp8proj::scale_mode_of(scale_format, "scale_format");
     fp8proj::rmsnorm_quantize(x, x_stride, weight, eps, m, k, values, scales, scale_ld, stream, mode);
+  });
+}
+
+int fp8proj_silu_mul_quantize(const void* gate, const void* up, int64_t stride, int64_t m, int64_t k,
+                              int scale_format, void* values, float* scales, int64_t scale_ld, void* stream) {
+  return fp8proj::guarded_gpu([&] {
+    const fp8proj::ScaleMode mode = fp8proj::scale_mode_of(scale_format, "scale_format");
+    fp8proj::silu_mul_quantize(gate, up, stride, m, k, values, scales, scale_ld, stream, mode);
   });
 }
 

@@ -26,6 +26,10 @@ class HostQuantOps final : public QuantOps {
                         Fp8ActivationOut out, ScaleMode mode, StreamHandle) const override {
     cpu::rmsnorm_quantize(x, x_stride, w, eps, m, k, out, mode);
   }
+  void silu_mul_quantize(const bf16* gate, const bf16* up, int64_t stride, int64_t m, int64_t k,
+                         Fp8ActivationOut out, ScaleMode mode, StreamHandle) const override {
+    cpu::silu_mul_quantize(gate, up, stride, m, k, out, mode);
+  }
   void quantize_weight(const bf16* w, int64_t n, int64_t k, Fp8WeightOut out, ScaleMode mode,
                        StreamHandle) const override {
     cpu::quantize_weight(w, n, k, out, mode);

@@ -188,6 +188,30 @@ void rmsnorm_quantize(const bf16* x, int64_t x_stride, const bf16* weight, float
   quantize_activation(normed.data(), m, k, out, mode);
 }
 
+void silu_mul(const bf16* gate, const bf16* up, int64_t stride, int64_t m, int64_t k, bf16* y) {
+  FP8PROJ_CHECK(m >= 0 && k > 0, "silu_mul needs M >= 0 and K > 0, got M=", m, " K=", k);
+  FP8PROJ_CHECK(stride >= k, "silu_mul row stride ", stride, " is below K=", k);
+  if (m == 0) return;
+  FP8PROJ_CHECK(gate && up && y, "silu_mul got a null pointer");
+  parallel_for(m, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r)
+      for (int64_t c = 0; c < k; ++c) {
+        const float g = bf16_to_float(gate[r * stride + c]);
+        const float s = bf16_to_float(float_to_bf16(g / (1.0f + std::exp(-g))));
+        y[r * k + c] = float_to_bf16(s * bf16_to_float(up[r * stride + c]));
+      }
+  });
+}
+
+void silu_mul_quantize(const bf16* gate, const bf16* up, int64_t stride, int64_t m, int64_t k,
+                       Fp8ActivationOut out, ScaleMode mode) {
+  check_activation_args(gate, m, k, out);
+  if (m == 0) return;
+  std::vector<bf16> h(static_cast<size_t>(m * k));
+  silu_mul(gate, up, stride, m, k, h.data());
+  quantize_activation(h.data(), m, k, out, mode);
+}
+
 std::vector<float> dequantize(const Fp8WeightView& w) {
   FP8PROJ_CHECK(w.values && w.scales && w.n > 0 && w.k > 0, "dequantize: empty or null FP8 weight");
   std::vector<float> out(static_cast<size_t>(w.n * w.k));

@@ -98,6 +98,18 @@ TEST(CApiErrors, ScaleFormats) {
                                             nullptr, 0, nullptr),
             0)
       << fp8proj_last_error();
+  EXPECT_TRUE(FailsWith(fp8proj_silu_mul_quantize(host_bytes, host_bytes, 256, 4, 128, 7, host_bytes, s, 4, nullptr),
+                        "scale_format=7"));
+  EXPECT_TRUE(FailsWith(fp8proj_silu_mul_quantize(host_bytes, host_bytes, 256, 4, 100, FP8PROJ_SCALES_FLOAT,
+                                                  host_bytes, s, 4, nullptr),
+                        "multiple of 128"));
+  EXPECT_TRUE(FailsWith(fp8proj_silu_mul_quantize(host_bytes, host_bytes, 100, 4, 128, FP8PROJ_SCALES_FLOAT,
+                                                  host_bytes, s, 4, nullptr),
+                        "stride=100"));
+  EXPECT_EQ(fp8proj_silu_mul_quantize(nullptr, nullptr, 128, 0, 128, FP8PROJ_SCALES_FLOAT, nullptr, nullptr, 0,
+                                      nullptr),
+            0)
+      << fp8proj_last_error();
   fp8proj_projection* p = reinterpret_cast<fp8proj_projection*>(0x1);
   EXPECT_TRUE(FailsWith(fp8proj_projection_create_scaled(host_bytes, 128, 128, nullptr, 2, &p), "weight_scales=2"));
   EXPECT_EQ(p, nullptr) << "a failed create must leave no handle behind";

@@ -226,6 +226,40 @@ TEST(RmsNorm, MatchesFp64WithinBf16Rounding) {
   }
 }
 
+// silu(g) = g / (1 + exp(-g)) rounded to bf16, times up, rounded again: PyTorch's bf16
+// act_fn(gate) * up. Checked value by value against that formula in double (both roundings
+// applied), then fused == silu_mul then quantize, for two halves of one [M, 2K] buffer too.
+TEST(SiluMul, TwoBf16RoundingsThenTheQuantization) {
+  const int64_t m = 4, k = 384;
+  auto gu = random_bf16(m * 2 * k, 21, 6.0f);
+  gu[0] = float_to_bf16(0.0f);
+  gu[1] = float_to_bf16(-100.0f);  // silu -> -0 (exp(100) is finite in fp32: -100 / 2.7e43)
+  gu[2] = float_to_bf16(100.0f);   // silu -> 100
+  std::vector<bf16> y(m * k);
+  cpu::silu_mul(gu.data(), gu.data() + k, 2 * k, m, k, y.data());
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t c = 0; c < k; ++c) {
+      const double g = bf16_to_float(gu[r * 2 * k + c]), u = bf16_to_float(gu[r * 2 * k + k + c]);
+      const float s = bf16_to_float(float_to_bf16(static_cast<float>(g / (1.0 + std::exp(-g)))));
+      const float want = bf16_to_float(float_to_bf16(s * static_cast<float>(u)));
+      // fp32 exp against the double one may move the first rounding by one bf16 step, rarely.
+      EXPECT_NEAR(bf16_to_float(y[r * k + c]), want, std::fabs(want) * 0x1p-7f + 1e-30f) << r << "," << c;
+    }
+  EXPECT_EQ(bf16_to_float(y[0]), 0.0f);
+  EXPECT_EQ(bf16_to_float(y[2]), bf16_to_float(float_to_bf16(100.0f * bf16_to_float(gu[k + 2]))));
+  for (const ScaleMode mode : {ScaleMode::ue8m0, ScaleMode::fp32}) {
+    HostFp8Activation a = make_host_fp8_activation(m, k), b = make_host_fp8_activation(m, k);
+    cpu::quantize_activation(y.data(), m, k, a.out(), mode);
+    cpu::silu_mul_quantize(gu.data(), gu.data() + k, 2 * k, m, k, b.out(), mode);
+    EXPECT_EQ(a.values, b.values);
+    EXPECT_EQ(0, std::memcmp(a.scales.data(), b.scales.data(), a.scales.size() * 4));
+  }
+  HostFp8Activation o = make_host_fp8_activation(m, k);
+  EXPECT_THROW(cpu::silu_mul(gu.data(), gu.data() + k, k - 1, m, k, y.data()), Error);  // stride below K
+  EXPECT_THROW(cpu::silu_mul_quantize(gu.data(), gu.data() + k, 2 * k, m, 200, o.out()), Error);
+  EXPECT_NO_THROW(cpu::silu_mul_quantize(nullptr, nullptr, k, 0, k, {nullptr, nullptr, 0, k, 0}));
+}
+
 TEST(RmsNorm, FusedQuantizeEqualsNormThenQuantize) {
   const int64_t m = 5, k = 1536;
   const auto x = random_bf16(m * k, 13, 2.0f), g = random_bf16(k, 14);

@@ -257,6 +257,93 @@ TEST_F(DeviceQuantOpsArgs, ActivationNormAndEmptyBatch) {
   EXPECT_THROW(ops.rmsnorm(x.data<bf16>(), k, x.data<bf16>() + 4, 1e-6f, m, k, x.data<bf16>(), nullptr), Error);
 }
 
+// ---- silu(gate) * up, quantized (a gated MLP's down_proj input) -----------------------------------
+// (M, K): odd M around the 32-row tile; K the dense intermediate sizes of GLM-5 (12288) and
+// DeepSeek-V3 (18432) and widths that are not multiples of the 512-column tile.
+const std::vector<Shape> kSiluShapes = {{1, 128}, {5, 256},   {33, 2048}, {100, 7168},
+                                        {257, 12288}, {4099, 384}, {3, 18432}, {64, 640}};
+
+class SiluMulQuantGpu : public GpuTest, public ::testing::WithParamInterface<Shape> {};
+
+// Against cpu::silu_mul_quantize, gate and up both as the two column halves of one [M, 2K] buffer
+// (a fused gate_up GEMM's output, stride 2K) and as separate dense tensors. The device's expf and
+// the host's may differ in the last fp32 bit, which moves a bf16 rounding of silu about once in
+// 2^16 values where they differ: the codes and scales must match everywhere else.
+TEST_P(SiluMulQuantGpu, MatchesCpu) {
+  const auto [m, k] = GetParam();
+  auto gu = testing::normal_rows_bf16(m, 2 * k, uint32_t(11 * m + k));
+  for (auto& v : gu) v = float_to_bf16(3.0f * bf16_to_float(v));  // silu's curved range: |g| up to ~12
+  if (m > 2) {
+    gu[1 * 2 * k + 7] = float_to_bf16(std::numeric_limits<float>::quiet_NaN());        // a NaN gate
+    gu[2 * 2 * k + k + 200 % k] = float_to_bf16(std::numeric_limits<float>::infinity());  // an Inf up
+    gu[2 * 2 * k + 200 % k] = float_to_bf16(1.0f);  // its gate nonzero: silu(1) * Inf = Inf
+  }
+  std::vector<bf16> gate(static_cast<size_t>(m * k)), up(gate.size());
+  for (int64_t r = 0; r < m; ++r) {
+    std::copy_n(gu.begin() + r * 2 * k, k, gate.begin() + r * k);
+    std::copy_n(gu.begin() + r * 2 * k + k, k, up.begin() + r * k);
+  }
+  Buffer d_gu = to_device(gu), d_gate = to_device(gate), d_up = to_device(up);
+  for (const ScaleMode mode : {ScaleMode::ue8m0, ScaleMode::fp32})
+    for (const bool strided : {true, false}) {
+      HostFp8Activation ref = make_host_fp8_activation(m, k);
+      if (strided)
+        cpu::silu_mul_quantize(gu.data(), gu.data() + k, 2 * k, m, k, ref.out(), mode);
+      else
+        cpu::silu_mul_quantize(gate.data(), up.data(), k, m, k, ref.out(), mode);
+      Buffer values = poisoned(static_cast<size_t>(m * k));
+      Buffer scales = poisoned(static_cast<size_t>(k / 128 * ref.scale_ld) * 4);
+      const Stream stream;
+      const Fp8ActivationOut out{values.data<uint8_t>(), scales.data<float>(), m, k, ref.scale_ld};
+      if (strided)
+        device_ops().silu_mul_quantize(d_gu.data<bf16>(), d_gu.data<bf16>() + k, 2 * k, m, k, out, mode,
+                                       stream.handle());
+      else
+        device_ops().silu_mul_quantize(d_gate.data<bf16>(), d_up.data<bf16>(), k, m, k, out, mode, stream.handle());
+      stream.sync();
+      const auto got = to_host<uint8_t>(values.data(), static_cast<size_t>(m * k));
+      const auto got_s = to_host<uint32_t>(scales.data(), static_cast<size_t>(k / 128 * ref.scale_ld));
+      int64_t bad_values = 0, bad_scales = 0, pads = 0;
+      for (int64_t i = 0; i < m * k; ++i) bad_values += got[i] != ref.values[i];
+      for (int64_t g = 0; g < k / 128; ++g) {
+        for (int64_t r = 0; r < m; ++r) {
+          uint32_t want;
+          std::memcpy(&want, &ref.scales[g * ref.scale_ld + r], 4);
+          const uint32_t have = got_s[g * ref.scale_ld + r];
+          bad_scales += have != want && !(std::isnan(ref.scales[g * ref.scale_ld + r]) && (have & 0x7fffffffu) > 0x7f800000u);
+        }
+        for (int64_t r = m; r < round_up(m, 4); ++r) pads += got_s[g * ref.scale_ld + r] != 0x3f800000u;
+      }
+      const std::string what = std::string(scale_mode_name(mode)) + (strided ? ", strided" : ", dense");
+      EXPECT_LE(bad_values, m * k / 65536 + 1) << what << ": codes differing from the CPU";
+      EXPECT_LE(bad_scales, m * (k / 128) / 4096 + 1) << what << ": scales differing from the CPU";
+      EXPECT_EQ(pads, 0) << what << ": scale pads must be 1.0f";
+      if (m > 2) {
+        EXPECT_EQ(got[1 * k + 7], 0x7f) << what << ": a NaN gate makes its group NaN";
+        EXPECT_EQ(got[2 * k + 200 % k], 0x7f) << what << ": an Inf up makes its group NaN";
+      }
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, SiluMulQuantGpu, ::testing::ValuesIn(kSiluShapes), shape_name);
+
+TEST_F(DeviceQuantOpsArgs, SiluMul) {
+  const int64_t m = 8, k = 256;
+  Buffer x(MemorySpace::device, 2 * m * k * 2), values(MemorySpace::device, m * k + 16),
+      scales(MemorySpace::device, (k / 128) * m * 4 + 16);
+  const Fp8ActivationOut out{values.data<uint8_t>(), scales.data<float>(), m, k, m};
+  const auto& ops = device_ops();
+  const bf16* g = x.data<bf16>();
+  EXPECT_THROW(ops.silu_mul_quantize(nullptr, g + k, 2 * k, m, k, out, ScaleMode::fp32, nullptr), Error);
+  EXPECT_THROW(ops.silu_mul_quantize(g, nullptr, 2 * k, m, k, out, ScaleMode::fp32, nullptr), Error);
+  EXPECT_THROW(ops.silu_mul_quantize(g, g + 1, 2 * k, m, k, out, ScaleMode::fp32, nullptr), Error);  // misaligned up
+  EXPECT_THROW(ops.silu_mul_quantize(g, g + k, k - 8, m, k, out, ScaleMode::fp32, nullptr), Error);  // stride < K
+  EXPECT_THROW(ops.silu_mul_quantize(g, g + k, 2 * k + 4, m, k, out, ScaleMode::fp32, nullptr), Error);  // 8-byte rows
+  EXPECT_THROW(ops.silu_mul_quantize(g, g + k, 2 * k, m, 200, out, ScaleMode::fp32, nullptr), Error);   // K % 128
+  EXPECT_NO_THROW(ops.silu_mul_quantize(nullptr, nullptr, k, 0, k, {nullptr, nullptr, 0, k, 0}, ScaleMode::fp32,
+                                        nullptr));
+}
+
 // ---- RMSNorm ---------------------------------------------------------------------------------
 
 std::vector<bf16> norm_weight(int64_t k, uint32_t seed) {

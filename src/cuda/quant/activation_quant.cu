@@ -28,6 +28,13 @@
 //     multiple of 512) per 8-lane group, which keeps every lane in the shuffles.
 // Traffic: 2MK read + MK + MK/32 written; the bandwidth test in tests/gpu compares it with a
 // device-to-device copy of the same number of bytes (target >= 75%).
+//
+// The same kernel quantizes a gated MLP's activation where it is made (launch_silu_mul_quant):
+// x = bf16(bf16(silu(gate)) * up), silu(g) = g / (1 + expf(-g)) in fp32 -- the two bf16 roundings
+// of act_fn(gate) * up in bf16 eager PyTorch, kept so the fused pass quantizes the values the
+// unfused one would. gate and up are [M, K] row views with one row stride (the two column halves
+// of one [M, 2K] GEMM output, or two dense [M, K] tensors); reads 4MK bytes instead of the
+// separate passes' 2 + 2 + 4 + 2 + 2 (silu, mul, quantization).
 #include "core/cuda_check.hpp"
 #include "fp8proj/device.hpp"
 #include "cuda/common/launch.hpp"
@@ -51,10 +58,21 @@ constexpr int kLanesPerGroup = kScaleBlock / kValuesPerLane;  // 8
 static_assert(kTileRows % kWarps == 0, "every warp handles the same number of rows");
 static_assert(kGroupsPerTile * kTileRows <= kThreads, "one thread per scale in the transposed write");
 
-template <ScaleMode kMode>
+// bf16(silu(g)) for the two values packed in a word, and the product of two packed bf16 pairs
+// rounded to bf16.
+__device__ __forceinline__ float silu(float g) { return g / (1.0f + expf(-g)); }
+__device__ __forceinline__ uint32_t silu2(uint32_t g) { return bf16x2_rn(silu(bf16_lo(g)), silu(bf16_hi(g))); }
+__device__ __forceinline__ uint32_t mul2(uint32_t a, uint32_t b) {
+  return bf16x2_rn(bf16_lo(a) * bf16_lo(b), bf16_hi(a) * bf16_hi(b));
+}
+
+// kSiluMul: x is the gate, `up` the up projection, both rows `stride` elements apart; else x is
+// dense (stride == k) and `up` unused.
+template <ScaleMode kMode, bool kSiluMul>
 __global__ void __launch_bounds__(kThreads)
-    activation_quant_kernel(const bf16* __restrict__ x, int64_t m, int64_t k, uint8_t* __restrict__ q,
-                            float* __restrict__ scales, int64_t ld, bool release_early) {
+    activation_quant_kernel(const bf16* __restrict__ x, const bf16* __restrict__ up, int64_t stride, int64_t m,
+                            int64_t k, uint8_t* __restrict__ q, float* __restrict__ scales, int64_t ld,
+                            bool release_early) {
   // +1 column: the 4 writer lanes of a warp (one per group, same row) land in different banks.
   __shared__ float tile_scales[kGroupsPerTile][kTileRows + 1];
 
@@ -71,12 +89,37 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t row = row0 + warp + i * kWarps;
     uint4 a = make_uint4(0, 0, 0, 0), b = a;
     if (row < m && col_ok) {
-      const uint4* p = reinterpret_cast<const uint4*>(x + row * k + col);
+      const uint4* p = reinterpret_cast<const uint4*>(x + row * stride + col);
       a = __ldg(p);
       b = __ldg(p + 1);
     }
     w[i][0] = a.x, w[i][1] = a.y, w[i][2] = a.z, w[i][3] = a.w;
     w[i][4] = b.x, w[i][5] = b.y, w[i][6] = b.z, w[i][7] = b.w;
+  }
+  if constexpr (kSiluMul) {
+    // silu first, with nothing else live: the IEEE division's slow-path subroutine then needs no
+    // stack (with the up loads in flight across it, ptxas saved registers to an 8-byte frame).
+#pragma unroll
+    for (int i = 0; i < kRowsPerWarp; ++i)
+#pragma unroll
+      for (int j = 0; j < kWordsPerLane; ++j) w[i][j] = silu2(w[i][j]);
+    uint32_t v[kRowsPerWarp][kWordsPerLane];  // every up load in flight before the first use
+#pragma unroll
+    for (int i = 0; i < kRowsPerWarp; ++i) {
+      const int64_t row = row0 + warp + i * kWarps;
+      uint4 a = make_uint4(0, 0, 0, 0), b = a;
+      if (row < m && col_ok) {
+        const uint4* p = reinterpret_cast<const uint4*>(up + row * stride + col);
+        a = __ldg(p);
+        b = __ldg(p + 1);
+      }
+      v[i][0] = a.x, v[i][1] = a.y, v[i][2] = a.z, v[i][3] = a.w;
+      v[i][4] = b.x, v[i][5] = b.y, v[i][6] = b.z, v[i][7] = b.w;
+    }
+#pragma unroll
+    for (int i = 0; i < kRowsPerWarp; ++i)
+#pragma unroll
+      for (int j = 0; j < kWordsPerLane; ++j) w[i][j] = mul2(w[i][j], v[i][j]);
   }
 
 #pragma unroll
@@ -103,8 +146,11 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
-void launch_activation_quant(const bf16* x, int64_t m, int64_t k, const Fp8ActivationOut& out, ScaleMode mode,
-                             cudaStream_t stream) {
+namespace {
+
+template <bool kSiluMul>
+void launch_quant(const bf16* x, const bf16* up, int64_t stride, int64_t m, int64_t k, const Fp8ActivationOut& out,
+                  ScaleMode mode, cudaStream_t stream) {
   if (m == 0) return;
   const dim3 grid(static_cast<unsigned>(ceil_div(k, kTileCols)), static_cast<unsigned>(ceil_div(m, kTileRows)));
   const LaunchShape shape{grid, dim3(kThreads), 0, stream};
@@ -113,11 +159,23 @@ void launch_activation_quant(const bf16* x, int64_t m, int64_t k, const Fp8Activ
   // was 2-8% slower behind the small TP 8 grids (bench/results/decode/pdl-trigger/).
   const bool release_early = release_dependents_early(static_cast<int64_t>(grid.x) * grid.y);
   if (mode == ScaleMode::ue8m0)
-    launch_kernel(shape, activation_quant_kernel<ScaleMode::ue8m0>, x, m, k, out.values, out.scales, out.scale_ld,
-                  release_early);
+    launch_kernel(shape, activation_quant_kernel<ScaleMode::ue8m0, kSiluMul>, x, up, stride, m, k, out.values,
+                  out.scales, out.scale_ld, release_early);
   else
-    launch_kernel(shape, activation_quant_kernel<ScaleMode::fp32>, x, m, k, out.values, out.scales, out.scale_ld,
-                  release_early);
+    launch_kernel(shape, activation_quant_kernel<ScaleMode::fp32, kSiluMul>, x, up, stride, m, k, out.values,
+                  out.scales, out.scale_ld, release_early);
+}
+
+}  // namespace
+
+void launch_activation_quant(const bf16* x, int64_t m, int64_t k, const Fp8ActivationOut& out, ScaleMode mode,
+                             cudaStream_t stream) {
+  launch_quant<false>(x, nullptr, k, m, k, out, mode, stream);
+}
+
+void launch_silu_mul_quant(const bf16* gate, const bf16* up, int64_t stride, int64_t m, int64_t k,
+                           const Fp8ActivationOut& out, ScaleMode mode, cudaStream_t stream) {
+  launch_quant<true>(gate, up, stride, m, k, out, mode, stream);
 }
 
 }  // namespace fp8proj::gpu

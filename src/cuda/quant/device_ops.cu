@@ -93,6 +93,21 @@ class DeviceQuantOps final : public QuantOps {
     gpu::launch_rmsnorm_quant(x, x_stride, weight, eps, m, k, out, mode, as_cuda(stream));
   }
 
+  void silu_mul_quantize(const bf16* gate, const bf16* up, int64_t stride, int64_t m, int64_t k,
+                         Fp8ActivationOut out, ScaleMode mode, StreamHandle stream) const override {
+    check_device_usable();
+    check_activation_args(gate, m, k, out);
+    if (m == 0) return;
+    FP8PROJ_CHECK(up != nullptr, "silu_mul_quantize: up pointer is null");
+    check_rows(m);
+    check_aligned(gate, "silu_mul_quantize gate");
+    check_aligned(up, "silu_mul_quantize up");
+    FP8PROJ_CHECK(stride >= k && stride % 8 == 0, "silu_mul_quantize row stride must be >= K=", k,
+                  " and a multiple of 8 elements (16 bytes), got ", stride);
+    check_activation_out(out);
+    gpu::launch_silu_mul_quant(gate, up, stride, m, k, out, mode, as_cuda(stream));
+  }
+
   void quantize_weight(const bf16* w, int64_t n, int64_t k, Fp8WeightOut out, ScaleMode mode,
                        StreamHandle stream) const override {
     check_device_usable();

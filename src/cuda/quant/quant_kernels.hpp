@@ -17,6 +17,11 @@ namespace fp8proj::gpu {
 void launch_activation_quant(const bf16* x, int64_t m, int64_t k, const Fp8ActivationOut& out, ScaleMode mode,
                              cudaStream_t stream);
 
+// quantize_activation(bf16(bf16(silu(gate)) * up), mode) in one pass (a gated MLP's down_proj
+// input). k % 128 == 0; row r of gate / up at gate / up + r * stride (stride % 8 == 0).
+void launch_silu_mul_quant(const bf16* gate, const bf16* up, int64_t stride, int64_t m, int64_t k,
+                           const Fp8ActivationOut& out, ScaleMode mode, cudaStream_t stream);
+
 // y = bf16((x * r) * w) with the reduction order of cpu::rmsnorm. k % 8 == 0; row r of x at
 // x + r * x_stride (x_stride % 8 == 0), y dense.
 void launch_rmsnorm(const bf16* x, int64_t x_stride, const bf16* w, float eps, int64_t m, int64_t k,

@@ -237,6 +237,35 @@ std::tuple<Tensor, Tensor> rmsnorm_quantize(Tensor x, Tensor weight, double eps,
   return quantize_rows("rmsnorm_quantize", x, &weight, eps, scale_format_of(scale_fmt, "rmsnorm_quantize"));
 }
 
+// A gated MLP's down_proj input: quantize_activation(bf16(bf16(silu(gate)) * up)) in one pass;
+// gate and up are row views with one row stride (the two halves of one GEMM output, or dense).
+std::tuple<Tensor, Tensor> silu_mul_quantize(Tensor gate, Tensor up, std::string scale_fmt) {
+  const char* op = "silu_mul_quantize";
+  check_device(op);
+  const int scale_format = scale_format_of(scale_fmt, op);
+  check_tensor(gate, op, "gate", dtype_bf16(), /*contiguous=*/false);
+  check_tensor(up, op, "up", dtype_bf16(), /*contiguous=*/false);
+  check_same_device(gate, up, op, "up");
+  bool same = gate.dim() == up.dim();
+  for (int64_t d = 0; same && d < gate.dim(); ++d) same = gate.size(d) == up.size(d);
+  OP_CHECK(same, op, "gate and up differ in shape");
+  const auto [m, k, stride] = rows_of(gate, op);
+  const auto [um, uk, ustride] = rows_of(up, op);
+  (void)um, (void)uk;
+  OP_CHECK(k > 0 && k % 128 == 0, op, "K=" + std::to_string(k) + " must be a positive multiple of 128 (1x128 scale groups)");
+  OP_CHECK(m <= 1 || ustride == stride, op, "gate and up must have one row stride, got " + std::to_string(stride) +
+           " and " + std::to_string(ustride) + "; pass .contiguous() copies");
+  const int32_t dev = gate.get_device_index();
+  Tensor values = empty_like_rows(gate, k, dtype_e4m3());
+  const int64_t ld = ceil4(m);
+  Tensor scales = empty({k / 128, ld}, dtype_f32(), dev);
+  if (m == 0) return {values, scales};
+  if (fp8proj_silu_mul_quantize(gate.data_ptr(), up.data_ptr(), stride, m, k, scale_format,
+                                values.data_ptr(), static_cast<float*>(scales.data_ptr()), ld, stream_of(dev)) != 0)
+    fail_c(op);
+  return {values, scales};
+}
+
 // The load-time weight quantization (128x128 blocks): the same C call the modules make at
 // construction, so a model loader that quantizes through the op pays no Python frame per weight.
 std::tuple<Tensor, Tensor> quantize_weight(Tensor w, std::string scale_fmt) {
@@ -339,6 +368,7 @@ STABLE_TORCH_LIBRARY_IMPL(fp8proj, CUDA, m) {
   m.impl("rmsnorm_linear", TORCH_BOX(&rmsnorm_linear));
   m.impl("quantize_activation", TORCH_BOX(&quantize_activation));
   m.impl("rmsnorm_quantize", TORCH_BOX(&rmsnorm_quantize));
+  m.impl("silu_mul_quantize", TORCH_BOX(&silu_mul_quantize));
   m.impl("quantize_weight", TORCH_BOX(&quantize_weight));
   m.impl("fp8_gemm", TORCH_BOX(&fp8_gemm));
 }

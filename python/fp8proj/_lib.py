@@ -63,6 +63,8 @@ _SIGNATURES = {
     "fp8proj_rmsnorm_quantize_scaled": (
         c_int, [c_void_p, c_int64, c_void_p, c_float, c_int64, c_int64, c_int, c_void_p, c_void_p, c_int64, c_void_p]),
     "fp8proj_quantize_weight_scaled": (c_int, [c_void_p, c_int64, c_int64, c_int, c_void_p, c_void_p, c_void_p]),
+    "fp8proj_silu_mul_quantize": (
+        c_int, [c_void_p, c_void_p, c_int64, c_int64, c_int64, c_int, c_void_p, c_void_p, c_int64, c_void_p]),
     "fp8proj_fp8_gemm_create": (c_int, [c_void_p, c_void_p, c_int64, c_int64, c_int64, c_char_p, POINTER(c_void_p)]),
     "fp8proj_fp8_gemm_run": (c_int, [c_void_p, c_void_p, c_void_p, c_int64, c_int64, c_void_p, c_void_p]),
     "fp8proj_fp8_gemm_describe": (c_int, [c_void_p, c_int64, c_char_p, c_size_t]),

@@ -51,7 +51,8 @@ from .ops import _ceil4, _version
 __all__ = ["Fp8CheckpointLinear", "fp8_linear_class", "fp8_linear_skip_reason", "is_fp8_checkpoint_module",
            "quantize_activation_float_reference", "quantize_activation_reference", "dequantize_weight",
            "block_fp8_skip_reason", "activation_scale_format", "block_fp8_linear", "block_fp8_linear_reference",
-           "scales_as_fp32", "SharedActivation", "FusedPair", "fuse_pair_skip_reason"]
+           "scales_as_fp32", "SharedActivation", "FusedPair", "fuse_pair_skip_reason", "GatedMLP",
+           "gated_mlp_skip_reason"]
 
 log = logging.getLogger("fp8proj")
 _E4M3 = torch.float8_e4m3fn
@@ -235,6 +236,27 @@ def block_fp8_linear_reference(x: torch.Tensor, weight: torch.Tensor, scales: to
     if bias is not None:
         y = y.add_(bias.to(y.dtype))
     return y.view(*x.shape[:-1], n)
+
+
+def _norm_and_quantize(norm: nn.Module, eps: float, x: torch.Tensor, k: int, kernel: bool):
+    """An RMSNorm fused into the quantization of the rows after it: (x, rmsnorm_quantize's (codes,
+    fp32 scales)) on the kernel path (a bf16 norm weight on x's device, no autograd recorded), else
+    (norm(x), None) -- the norm module as the model had it, its output quantized as any input."""
+    nw = norm.weight
+    if kernel and nw.dtype == torch.bfloat16 and nw.device == x.device and not (
+            torch.is_grad_enabled() and nw.requires_grad):
+        x2 = x.reshape(-1, k)  # a row-strided view is read as it is
+        if x2.stride(-1) != 1:
+            x2 = x2.contiguous()
+        return x, torch.ops.fp8proj.rmsnorm_quantize(x2, nw.detach(), eps, "float")
+    return norm(x), None
+
+
+def _checked_norm_weight(norm: nn.Module, k: int, who: str) -> None:
+    nw = getattr(norm, "weight", None)
+    if not isinstance(nw, torch.Tensor) or tuple(nw.shape) != (k,):
+        raise ValueError(f"fp8proj: {who}: the norm's weight must have shape ({k},), got "
+                         f"{None if nw is None else tuple(nw.shape)}")
 
 
 def _capturing_graph():
@@ -428,6 +450,8 @@ class FusedPair(_OneInputGroup):
             s[:r1].copy_(s1)
             s[r1:].copy_(s2)
         self.weight, self.scales = w, s
+        self.__dict__["norm"] = None  # the RMSNorm before both members, once fuse_norm() took it
+        self.norm_eps = 0.0
         self._rows = {a.name: (0, n1, 0, r1), b.name: (n1, n1 + n2, r1, r1 + r2)}
         self._modules = (a, b)
         # Where each member's weight and scales must start while the pair holds (checked per call).
@@ -456,15 +480,36 @@ class FusedPair(_OneInputGroup):
                 return False
         return True
 
+    def fuse_norm(self, norm: nn.Module) -> nn.Module:
+        """Take the RMSNorm whose output only the two members read (a decoder layer's input_layernorm
+        before q_a_proj and kv_a_proj_with_mqa): the members are then called on the un-normalized rows
+        and the pair normalizes and quantizes them in one pass (rmsnorm_quantize, fp32 amax/448
+        scales) before its GEMM; off the kernel path the norm module runs first, as it was. A member
+        that runs alone (torch.compile, another input) applies the norm itself. Returns the
+        DeferredRMSNorm to install where the norm was (its weight stays under the same name)."""
+        from .torch import DeferredRMSNorm, _norm_eps  # noqa: PLC0415 - fp8proj.torch imports this module's users
+        a, b = self._modules
+        _checked_norm_weight(norm, a.in_features, f"{a.name} + {b.name}")
+        if self.norm is not None or a.pre_norm is not None or b.pre_norm is not None:
+            raise ValueError(f"fp8proj: {a.name} + {b.name} already have a norm fused")
+        self.norm_eps = _norm_eps(norm)
+        self.__dict__["norm"] = norm
+        return DeferredRMSNorm(norm, f"{a.name} + {b.name}")
+
     def run(self, member: "Fp8CheckpointLinear", x: torch.Tensor, kernel: bool) -> Optional[torch.Tensor]:
         """member's output through the pair, or None where the member should run alone."""
+        if not _sharing_allowed(x):  # before intact(): Dynamo cannot trace its data_ptr() checks
+            return None
         if not self.intact():
             return None
         key, y = self.lookup(member.name, x, kernel, member.in_features)
         if key is None or y is not None:
             return y
+        xq, q = x, None  # x itself is the key the other member's call is matched by
+        if self.norm is not None:
+            xq, q = _norm_and_quantize(self.norm, self.norm_eps, x, member.in_features, kernel)
         fn = block_fp8_linear if kernel else block_fp8_linear_reference
-        y2 = fn(x, self.weight, self.scales, "float")
+        y2 = fn(xq, self.weight, self.scales, "float", quantized=q)
         outs = {}
         for m in self._modules:
             lo, hi, _, _ = self._rows[m.name]
@@ -491,6 +536,7 @@ class FusedPair(_OneInputGroup):
                         m.scales_fp32 = m.scales_fp32.clone()
             m.fused_pair = None
         self.weight = self.scales = None
+        self.__dict__["norm"] = None
         self.clear()
 
 
@@ -553,10 +599,7 @@ class Fp8CheckpointLinear(nn.Module):
         from .torch import DeferredRMSNorm, _norm_eps  # noqa: PLC0415 - fp8proj.torch imports this module's users
         if self.shared_activation is not None or self.fused_pair is not None:
             raise ValueError(f"fp8proj: {self.name} reads a shared input; its norm cannot be fused")
-        nw = getattr(norm, "weight", None)
-        if not isinstance(nw, torch.Tensor) or tuple(nw.shape) != (self.in_features,):
-            raise ValueError(f"fp8proj: {self.name}: the norm's weight must have shape ({self.in_features},), got "
-                             f"{None if nw is None else tuple(nw.shape)}")
+        _checked_norm_weight(norm, self.in_features, self.name)
         self.norm_eps = _norm_eps(norm)
         self.__dict__["pre_norm"] = norm
         return DeferredRMSNorm(norm, self.name)
@@ -564,27 +607,23 @@ class Fp8CheckpointLinear(nn.Module):
     # -- forward ---------------------------------------------------------------------------------
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         kernel = self._fp8 and x.dtype == torch.bfloat16 and not (torch.is_grad_enabled() and x.requires_grad)
-        norm = self.pre_norm
-        if norm is not None:
-            nw = norm.weight
-            if kernel and nw.dtype == torch.bfloat16 and nw.device == x.device and not (
-                    torch.is_grad_enabled() and nw.requires_grad):
-                x2 = x.reshape(-1, self.in_features)  # a row-strided view is read as it is
-                if x2.stride(-1) != 1:
-                    x2 = x2.contiguous()
-                q = torch.ops.fp8proj.rmsnorm_quantize(x2, nw.detach(), self.norm_eps, "float")
-                bias = self.bias.detach() if self.bias is not None else None
-                return block_fp8_linear(x, self.weight.detach(), self._scales(), "float", bias, quantized=q)
-            x = norm(x)  # the norm as the model had it, then this module on its output
         if not kernel and x.is_cuda and not torch.compiler.is_compiling():
             _lib.check_device_fault(self.name)
         # The bias in the output's dtype, as transformers' FP8Linear adds it.
         bias = self.bias.detach() if self.bias is not None else None
-        if self.fused_pair is not None:
-            y = self.fused_pair.run(self, x, kernel)  # no bias: fuse_pair_skip_reason
+        pair = self.fused_pair
+        if pair is not None:
+            y = pair.run(self, x, kernel)  # no bias: fuse_pair_skip_reason
             if y is not None:
                 return y
-        q = self._activation(x, kernel)
+        norm, eps = self.pre_norm, self.norm_eps
+        if norm is None and pair is not None:  # alone, but still behind the pair's norm
+            norm, eps = pair.norm, pair.norm_eps
+        q = None
+        if norm is not None:
+            x, q = _norm_and_quantize(norm, eps, x, self.in_features, kernel)
+        if q is None:
+            q = self._activation(x, kernel)
         if kernel:
             return block_fp8_linear(x, self.weight.detach(), self._scales(), "float", bias, quantized=q)
         return block_fp8_linear_reference(x, self.weight.detach(), self._scales(), "float", bias, quantized=q)
@@ -628,10 +667,11 @@ class Fp8CheckpointLinear(nn.Module):
         if m <= 0:
             return f"M={m}: nothing to run"
         g, f = self.shared_activation, self.fused_pair
-        if self.pre_norm is not None:
+        has_norm = self.pre_norm is not None or (f is not None and f.norm is not None)
+        if has_norm:
             what += ("; the RMSNorm before it fused: normalized and quantized in one pass (rmsnorm_quantize, fp32 "
-                     "scales)")
-        norm_first = "" if self.pre_norm is None else "; the RMSNorm before it runs first, as its module"
+                     "scales)" + ("" if self.pre_norm is not None else ", once for the pair"))
+        norm_first = "" if not has_norm else "; the RMSNorm before it runs first, as its module"
         shared = "" if g is None else (
             "; the input's quantization shared with " + ", ".join(n for n in g.members if n != self.name) +
             " (one quantization when they read the same tensor)")
@@ -697,3 +737,82 @@ class Fp8CheckpointLinear(nn.Module):
                  f", shared_activation={self.shared_activation.members}") +
                 ("" if self.fused_pair is None else f", fused_pair={self.fused_pair.members}") +
                 ("" if self.pre_norm is None else f", fused_norm={type(self.pre_norm).__name__}"))
+
+
+def gated_mlp_skip_reason(mlp: nn.Module) -> str:
+    """"" where GatedMLP can run `mlp`'s forward, else why not: gate_proj, up_proj and down_proj are
+    Fp8CheckpointLinear modules (down_proj with no norm fused, not grouped), act_fn is SiLU, and the
+    forward computes down_proj(act_fn(gate_proj(x)) * up_proj(x)) (read from its source, as
+    DeepSeek-V3's MLP writes it)."""
+    mods = [getattr(mlp, a, None) for a in ("gate_proj", "up_proj", "down_proj")]
+    if not all(isinstance(m, Fp8CheckpointLinear) for m in mods):
+        return "gate_proj, up_proj and down_proj are not all FP8 checkpoint layers run by fp8proj"
+    g, u, d = mods
+    if g.out_features != u.out_features or d.in_features != g.out_features:
+        return (f"gate_proj ({g.out_features}), up_proj ({u.out_features}) and down_proj's input "
+                f"({d.in_features}) differ")
+    if d.pre_norm is not None or d.shared_activation is not None or d.fused_pair is not None:
+        return "down_proj already takes its input another way"
+    act = getattr(mlp, "act_fn", None)
+    if not isinstance(act, nn.SiLU) and type(act).__name__ not in ("SiLUActivation", "SiLU"):
+        return f"act_fn is a {type(act).__name__}, not SiLU"
+    import inspect  # noqa: PLC0415
+    import re  # noqa: PLC0415
+    try:
+        src = inspect.getsource(inspect.unwrap(type(mlp).forward))
+    except (OSError, TypeError):
+        return f"the source of {type(mlp).__name__}.forward is unavailable"
+    call = re.search(r"self\.down_proj\(\s*self\.act_fn\(\s*self\.gate_proj\(\s*(\w+)\s*\)\s*\)\s*\*\s*"
+                     r"self\.up_proj\(\s*(\w+)\s*\)\s*\)", src)
+    if call is None or call.group(1) != call.group(2) or src.count("self.down_proj(") != 1:
+        return f"{type(mlp).__name__}.forward is not down_proj(act_fn(gate_proj(x)) * up_proj(x))"
+    return ""
+
+
+class GatedMLP:
+    """mlp.forward(x) = down_proj(silu(gate_proj(x)) * up_proj(x)) with the activation fused into
+    down_proj's input quantization: one silu_mul_quantize pass reads gate's and up's outputs and
+    writes down_proj's e4m3 codes and fp32 scales, where the module-by-module forward runs silu,
+    the product (two bf16 passes) and then down_proj's own quantization. The values quantized are
+    the same: the pass keeps PyTorch's two bf16 roundings of act_fn(gate) * up (ops.hpp). Where
+    gate_proj and up_proj are one FusedPair, their outputs are the two column halves of one GEMM's
+    output and the pass reads them there (one row stride). Installed on the MLP instance as its
+    forward (patch(); unpatch removes it); not an nn.Module, it holds no Parameters. Calls it
+    cannot take (off the kernel path, autograd, another dtype) run the class's forward."""
+
+    def __init__(self, mlp: nn.Module, name: str):
+        why = gated_mlp_skip_reason(mlp)
+        if why:
+            raise ValueError(f"fp8proj: {name}: {why}")
+        self._mlp = mlp  # a cycle (the MLP holds this object) that the collector frees
+        self._cls = type(mlp)
+        self.name = name
+        self.fused_calls = 0  # eager calls that took the fused pass (tests, explain)
+
+    def _fits(self, x: torch.Tensor) -> bool:
+        d = self._mlp.down_proj
+        return (isinstance(d, Fp8CheckpointLinear) and d.uses_fp8_kernel and x.dtype == torch.bfloat16 and x.is_cuda
+                and not (torch.is_grad_enabled() and x.requires_grad) and d.pre_norm is None)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        mlp = self._mlp
+        if not self._fits(x):
+            return self._cls.forward(mlp, x)
+        g, u = mlp.gate_proj(x), mlp.up_proj(x)
+        inter = g.shape[-1]
+        g2, u2 = g.reshape(-1, inter), u.reshape(-1, inter)  # views: a pair's halves keep their row stride
+        if g2.stride() != u2.stride() or g2.stride(-1) != 1:
+            g2, u2 = g2.contiguous(), u2.contiguous()
+        q = torch.ops.fp8proj.silu_mul_quantize(g2, u2, "float")
+        if not torch.compiler.is_compiling():
+            self.fused_calls += 1
+        d = mlp.down_proj
+        bias = d.bias.detach() if d.bias is not None else None
+        return block_fp8_linear(g, d.weight.detach(), d._scales(), "float", bias, quantized=q)
+
+    def explain(self, m: int) -> str:
+        d = self._mlp.down_proj
+        if not (isinstance(d, Fp8CheckpointLinear) and d.uses_fp8_kernel):
+            return f"{self.name}: the MLP's own forward (down_proj off fp8proj's kernel path)"
+        return (f"{self.name}: silu(gate) * up quantized in one pass (silu_mul_quantize, fp32 scales), then "
+                f"down_proj -- {d.explain(m)}")

@@ -332,6 +332,33 @@ def _linear_gapped_cuda(x: torch.Tensor, weight: torch.Tensor, handle: int, wv: 
     return _fp8_gemm_cuda(xv, xs, wv, ws).view(x.shape[:-1] + (n_gapped,))
 
 
+def _silu_mul_quantize_cuda(gate: torch.Tensor, up: torch.Tensor, scale_fmt: str = "ue8m0"):
+    op = "silu_mul_quantize"
+    fmt = scale_format(op, scale_fmt)
+    _check_tensor(gate, op, "gate", _BF16, contiguous=False)
+    _check_tensor(up, op, "up", _BF16, contiguous=False)
+    _check(gate.shape == up.shape, op, f"gate {tuple(gate.shape)} and up {tuple(up.shape)} differ in shape")
+    g2, u2 = _row_view(gate, op), _row_view(up, op)
+    m, k = g2.shape
+    _check(k % 128 == 0 and k > 0, op, f"K={k} must be a positive multiple of 128 (1x128 scale groups)")
+    stride = g2.stride(0) if m > 1 else k
+    _check(m <= 1 or u2.stride(0) == stride, op, f"gate and up must have one row stride, got {g2.stride(0)} and "
+           f"{u2.stride(0)}; pass .contiguous() copies")
+    _check(stride % 8 == 0, op, f"the row stride {stride} must be a multiple of 8 elements (16-byte rows)")
+    _check_cuda(op, gate=gate, up=up)
+    _check(gate.device == up.device, op, f"gate is on {gate.device}, up on {up.device}")
+    values = torch.empty(gate.shape, dtype=_E4M3, device=gate.device)
+    ld = _ceil4(m)
+    scales = torch.empty((k // 128, ld), dtype=_F32, device=gate.device)
+    if m == 0:
+        return values, scales
+    rc = _lib.LIB.fp8proj_silu_mul_quantize(g2.data_ptr(), u2.data_ptr(), stride, m, k, fmt, values.data_ptr(),
+                                            scales.data_ptr(), ld, _raw_stream(gate.get_device()))
+    if rc:
+        raise _lib.fail("fp8proj.silu_mul_quantize")
+    return values, scales
+
+
 # ---- fake implementations (shapes only) ---------------------------------------------------------
 
 def _quantize_activation_fake(x, scale_fmt="ue8m0"):
@@ -342,6 +369,12 @@ def _quantize_activation_fake(x, scale_fmt="ue8m0"):
 
 def _rmsnorm_quantize_fake(x, weight, eps, scale_fmt="ue8m0"):
     return _quantize_activation_fake(x, scale_fmt)
+
+
+def _silu_mul_quantize_fake(gate, up, scale_fmt="ue8m0"):
+    _check(gate.shape == up.shape, "silu_mul_quantize", f"gate {tuple(gate.shape)} and up {tuple(up.shape)} differ "
+           "in shape")
+    return _quantize_activation_fake(gate, scale_fmt)
 
 
 def _quantize_weight_fake(w, scale_fmt="ue8m0"):
@@ -373,6 +406,8 @@ _SCHEMAS = {
                             _quantize_activation_cuda, _quantize_activation_fake),
     "rmsnorm_quantize": ('rmsnorm_quantize(Tensor x, Tensor weight, float eps, str scale_fmt="ue8m0") -> (Tensor, Tensor)',
                          _rmsnorm_quantize_cuda, _rmsnorm_quantize_fake),
+    "silu_mul_quantize": ('silu_mul_quantize(Tensor gate, Tensor up, str scale_fmt="ue8m0") -> (Tensor, Tensor)',
+                          _silu_mul_quantize_cuda, _silu_mul_quantize_fake),
     "quantize_weight": ('quantize_weight(Tensor w, str scale_fmt="ue8m0") -> (Tensor, Tensor)', _quantize_weight_cuda,
                         _quantize_weight_fake),
     "fp8_gemm": ("fp8_gemm(Tensor xv, Tensor xs, Tensor wv, Tensor ws) -> Tensor", _fp8_gemm_cuda, _fp8_gemm_fake),
@@ -445,6 +480,10 @@ def quantize_activation(x: torch.Tensor, scale_fmt: str = "ue8m0"):
 
 def rmsnorm_quantize(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, scale_fmt: str = "ue8m0"):
     return torch.ops.fp8proj.rmsnorm_quantize(x, weight, eps, scale_fmt)
+
+
+def silu_mul_quantize(gate: torch.Tensor, up: torch.Tensor, scale_fmt: str = "ue8m0"):
+    return torch.ops.fp8proj.silu_mul_quantize(gate, up, scale_fmt)
 
 
 def quantize_weight(w: torch.Tensor, scale_fmt: str = "ue8m0"):

@@ -194,7 +194,9 @@ def test_model_without_kernels_runs_after_patch_and_unpatch_restores():
     if not kernels_available():
         with pytest.raises(ImportError, match="finegrained-fp8 kernel unavailable"), torch.no_grad():
             model(ids)  # what a user without the hub kernels gets today
-    patch(model, targets=ALL_FP8_LINEARS)
+    report = patch(model, targets=ALL_FP8_LINEARS)
+    assert report.fused_mlp == ["model.layers.0.mlp (gate_proj + up_proj one GEMM)",
+                                "model.layers.1.mlp (gate_proj + up_proj one GEMM)"]
     with torch.no_grad():
         logits = model(ids).logits
     assert torch.isfinite(logits).all()
@@ -215,8 +217,11 @@ def test_model_without_kernels_runs_after_patch_and_unpatch_restores():
     rel = ((logits.float() - ref.float()).norm() / ref.float().norm()).item()
     assert rel < 0.2, rel
     norms = [layer.self_attn.q_a_layernorm.original for layer in model.model.layers]  # fused into q_b_proj
-    assert unpatch(model) == len(originals) + len(norms)
+    # The modules, the norms fused into q_b_proj (and into the pairs where they fused) and each
+    # MLP's forward.
+    assert unpatch(model) == len(originals) + len(norms) + len(report.fused_input_norm) + len(report.fused_mlp)
     assert [layer.self_attn.q_a_layernorm for layer in model.model.layers] == norms
+    assert not any("forward" in vars(layer.mlp) for layer in model.model.layers)
     for n, m in originals.items():  # the very modules, with their own forward
         assert model.get_submodule(n) is m and type(m).forward is FP8Linear.forward and "forward" not in vars(m)
     if not kernels_available():

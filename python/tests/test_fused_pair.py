@@ -10,6 +10,7 @@ import torch
 import fp8proj
 from fp8proj import fp8_linear
 from fp8proj.fp8_linear import Fp8CheckpointLinear, FusedPair, SharedActivation, fuse_pair_skip_reason
+from fp8proj.torch import DeferredRMSNorm
 
 pytest.importorskip("transformers.integrations.finegrained_fp8", reason="transformers without fine-grained FP8")
 from transformers.integrations.finegrained_fp8 import FP8Linear  # noqa: E402
@@ -228,7 +229,18 @@ def test_patch_fuses_the_pair_changes_no_byte_and_unpatch_restores(tmp_path):
     assert now.keys() == sd.keys() and all(torch.equal(now[k].view(torch.uint8) if now[k].dtype == torch.float8_e4m3fn
                                                         else now[k], sd[k].view(torch.uint8)
                                                         if sd[k].dtype == torch.float8_e4m3fn else sd[k]) for k in sd)
-    assert unpatch(model) == 18  # 16 modules and the 2 norms fused into q_b_proj
+    # Each layer's input_layernorm went into its pair (the output above already ran through it).
+    assert report.fused_input_norm == ["model.layers.0", "model.layers.1"]
+    layer = model.model.layers[0]
+    assert isinstance(layer.input_layernorm, DeferredRMSNorm) and attn.q_a_proj.fused_pair.norm is not None
+    assert "the RMSNorm before it runs first" in attn.kv_a_proj_with_mqa.explain(64)  # weights on the CPU
+    assert [n.split(" ")[0] for n in report.fused_mlp] == ["model.layers.0.mlp", "model.layers.1.mlp"]
+    assert layer.mlp.gate_proj.fused_pair is layer.mlp.up_proj.fused_pair is not None
+    # 16 modules, the 2 norms fused into q_b_proj and the 2 into the pairs, the 2 MLPs' forwards.
+    assert unpatch(model) == 22
+    assert "forward" not in vars(layer.mlp) and layer.mlp.gate_proj.weight.untyped_storage().nbytes() == \
+        layer.mlp.gate_proj.weight.numel()
+    assert type(layer.input_layernorm).__name__ == "DeepseekV3RMSNorm"
     q, kv = attn.q_a_proj, attn.kv_a_proj_with_mqa
     assert type(q) is FP8Linear and q.weight.untyped_storage().data_ptr() != kv.weight.untyped_storage().data_ptr()
     assert q.weight.untyped_storage().nbytes() == q.weight.numel()  # its own buffer again, no larger
@@ -238,6 +250,65 @@ def test_patch_fuses_the_pair_changes_no_byte_and_unpatch_restores(tmp_path):
     saved = load_file(str(tmp_path / "model.safetensors"))
     k = "model.layers.0.self_attn.kv_a_proj_with_mqa.weight"
     assert torch.equal(saved[k].view(torch.uint8), sd[k].view(torch.uint8))
+
+
+def test_patch_keeps_the_input_norm_where_its_output_is_read_elsewhere():
+    from fp8proj.integrations.transformers import ALL_FP8_LINEARS, patch, unpatch
+    from transformers.models.deepseek_v3 import modeling_deepseek_v3 as ds
+
+    class Layer(ds.DeepseekV3DecoderLayer):  # the normalized rows also feed the residual
+        def forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None,
+                    use_cache=False, position_embeddings=None, **kwargs):
+            hidden_states = self.input_layernorm(hidden_states)
+            residual = hidden_states
+            hidden_states, _ = self.self_attn(hidden_states=hidden_states, attention_mask=attention_mask,
+                                              position_ids=position_ids, past_key_values=past_key_values,
+                                              use_cache=use_cache, position_embeddings=position_embeddings, **kwargs)
+            return residual + hidden_states
+
+    model, _ = fp8_model("float", hidden_size=512)
+    for layer in model.model.layers:
+        layer.__class__ = Layer
+    report = patch(model, targets=ALL_FP8_LINEARS)
+    assert report.fused_input_norm == [] and len(report.shared) == 2
+    assert dict(report.skipped)["model.layers.0.input_layernorm"] == (
+        "not fused into the attention's q_a_proj + kv_a_proj_with_mqa: Layer.forward uses input_layernorm's output "
+        "before the attention")
+    assert type(model.model.layers[0].input_layernorm).__name__ == "DeepseekV3RMSNorm"
+    unpatch(model)
+    report = patch(model, targets=ALL_FP8_LINEARS, fuse_input_norm=False)
+    assert report.fused_input_norm == [] and not any(n.endswith("input_layernorm") for n, _ in report.skipped)
+
+
+def norm_like(k=512, seed=7):
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3RMSNorm
+    norm = DeepseekV3RMSNorm(k, eps=1e-6).to(BF16)
+    with torch.no_grad():
+        norm.weight.copy_((torch.rand(k, generator=torch.Generator().manual_seed(seed)) + 0.5).to(BF16))
+    return norm
+
+
+def test_pair_with_its_norm_runs_the_norm_once_and_alone_each_member_applies_it(count_quantizations):
+    qa, kv, pair, (pq, pk) = fused()
+    norm = norm_like()
+    passthrough = pair.fuse_norm(norm)
+    assert isinstance(passthrough, DeferredRMSNorm) and passthrough.weight is norm.weight
+    x = x_like()
+    with torch.no_grad():
+        yq, yk = qa(passthrough(x)), kv(passthrough(x))
+        assert len(count_quantizations) == 1 and pair.hits == 1
+        xn = norm(x)
+        assert torch.equal(yq, qa_ref := pq(xn)) and torch.equal(yk, pk(xn))
+        # Alone (another input each time: nothing to hand over), each member normalizes first.
+        assert torch.equal(qa(x.clone()), qa_ref)
+    with pytest.raises(ValueError, match="already have a norm fused"):
+        pair.fuse_norm(norm)
+    with pytest.raises(ValueError, match=r"shape \(512,\)"):
+        fused()[2].fuse_norm(norm_like(256))
+    with pytest.raises(ValueError, match="reads a shared input"):
+        qa.fuse_norm(norm)
+    pair.unfuse()
+    assert pair.norm is None
 
 
 def test_patch_shares_where_the_pair_cannot_be_fused():
@@ -270,6 +341,48 @@ def test_gpu_fused_pair_matches_the_modules_apart(gpu, m):
     for y, r in ((yq, rq), (yk, rk)):
         d = (y.float() - r.float()).abs()
         assert (d <= 2 ** -7 * r.float().abs() + 1e-6).all(), d.max()
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("m", [1, 64, 4096])
+def test_gpu_pair_with_its_norm_is_the_fused_pass_then_the_gemm(gpu, m):
+    qa, kv, pair, (pq, pk) = fused("cuda")
+    norm = norm_like().to("cuda")
+    pair.fuse_norm(norm)
+    for mod in (qa, kv):
+        mod.prepare()
+    x = torch.randn(m, 512, dtype=BF16, device="cuda") * 3
+    yq, yk = qa(x), kv(x)
+    assert pair.hits == 1
+    # Exactly: rmsnorm_quantize's codes (fp32 scales), then the pair's GEMM over both weights.
+    q = torch.ops.fp8proj.rmsnorm_quantize(x, norm.weight, 1e-6, "float")
+    y2 = fp8_linear.block_fp8_linear(x, pair.weight, pair.scales, "float", quantized=q)
+    assert torch.equal(yq, y2[:, :256]) and torch.equal(yk, y2[:, 256:])
+    # Against the norm module then the modules apart: two FP8 roundings of rows one bf16 rounding apart.
+    xn = norm(x)
+    assert close(yq, pq(xn), 3e-2) and close(yk, pk(xn), 3e-2)
+    # torch.compile (the members run apart, each behind the fused pass) and a CUDA graph: the same bits.
+    class Attn(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q_a_proj, self.kv_a_proj_with_mqa = qa, kv
+
+        def forward(self, h):
+            return self.q_a_proj(h), self.kv_a_proj_with_mqa(h)
+
+    cq, ck = torch.compile(Attn(), fullgraph=True)(x)
+    d = (cq.float() - yq.float()).abs()
+    assert (d <= 2 ** -7 * yq.float().abs() + 1e-6).all()  # N = 256 alone may pick another split-K order
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        qa(x), kv(x)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=s):
+        gq, gk = qa(x), kv(x)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(gq, yq) and torch.equal(gk, yk)
 
 
 @torch.no_grad()

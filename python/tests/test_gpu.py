@@ -271,8 +271,8 @@ def test_torch_kernels_loaded_where_built():
     if not Path(_lib.LIB.path).with_name("libfp8proj_torch.so").exists():
         pytest.skip("the package was built without torch: the ops use their Python implementations")
     assert ops.KERNELS, "libfp8proj_torch.so is there but did not load"
-    assert ops.CPP_OPS == {"quantize_activation", "rmsnorm_quantize", "quantize_weight", "fp8_gemm", "linear",
-                           "rmsnorm_linear"}
+    assert ops.CPP_OPS == {"quantize_activation", "rmsnorm_quantize", "silu_mul_quantize", "quantize_weight",
+                           "fp8_gemm", "linear", "rmsnorm_linear"}
 
 
 def test_bad_device_inputs_raise():
@@ -540,15 +540,19 @@ def test_checkpoint_linear_fused_norm(m):
     assert _same(yg, y)
 
 
-def test_fp8_checkpoint_model_patched_end_to_end():
+@torch.no_grad()  # inference: with autograd recording the FP8 modules run their torch fallback
+@pytest.mark.parametrize("hidden", [256, 512])
+def test_fp8_checkpoint_model_patched_end_to_end(hidden):
     """A tiny DeepseekV3 whose linears are transformers' FP8Linear: patch takes them all, the model
-    runs (with or without the `kernels` package), unpatch puts the very modules back."""
+    runs (with or without the `kernels` package), unpatch puts the very modules back. Hidden 512:
+    each attention's q_a_proj + kv_a_proj_with_mqa fuse and take the layer's input_layernorm."""
     import transformers
     from transformers.integrations.finegrained_fp8 import FP8Linear
     from fp8proj.integrations.transformers import ALL_FP8_LINEARS, patch, unpatch
     torch.manual_seed(0)
-    bf16 = transformers.DeepseekV3ForCausalLM(tiny_deepseek_v3_config()).to(device="cuda", dtype=BF16).eval()
-    model = transformers.DeepseekV3ForCausalLM(tiny_deepseek_v3_config()).to(device="cuda", dtype=BF16).eval()
+    cfg = tiny_deepseek_v3_config(hidden_size=hidden)
+    bf16 = transformers.DeepseekV3ForCausalLM(cfg).to(device="cuda", dtype=BF16).eval()
+    model = transformers.DeepseekV3ForCausalLM(cfg).to(device="cuda", dtype=BF16).eval()
     model.load_state_dict(bf16.state_dict())
     originals = {}
     for name, lin in list(model.named_modules()):
@@ -565,10 +569,13 @@ def test_fp8_checkpoint_model_patched_end_to_end():
     ref = bf16(ids).logits
     report = patch(model, targets=ALL_FP8_LINEARS)
     assert sorted(report.fp8) == sorted(originals) and report.left == []
+    # K = 256: q_a_proj's scales would end 8 bytes into a joint buffer, so the pair shares unfused.
+    assert len(report.fused_mlp) == 2 and len(report.fused_input_norm) == (2 if hidden == 512 else 0)
     assert report.fp8_extra_bytes >= 0 and "FP8 checkpoint layers" in str(report)
     out = model(ids).logits
     assert _rel(out, ref) < 0.1, _rel(out, ref)
     norms = [layer.self_attn.q_a_layernorm.original for layer in model.model.layers]  # fused into q_b_proj
-    assert unpatch(model) == len(originals) + len(norms)
+    assert model.model.layers[0].mlp.forward.fused_calls == 1
+    assert unpatch(model) == len(originals) + len(norms) + len(report.fused_mlp) + len(report.fused_input_norm)
     assert [layer.self_attn.q_a_layernorm for layer in model.model.layers] == norms
     assert all(model.get_submodule(n) is m for n, m in originals.items())

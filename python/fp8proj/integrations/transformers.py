@@ -59,8 +59,9 @@ import torch
 from torch import nn
 
 from .. import _lib
-from ..fp8_linear import (Fp8CheckpointLinear, FusedPair, SharedActivation, fp8_linear_class,
-                          fp8_linear_skip_reason, fuse_pair_skip_reason, is_fp8_checkpoint_module)
+from ..fp8_linear import (Fp8CheckpointLinear, FusedPair, GatedMLP, SharedActivation, fp8_linear_class,
+                          fp8_linear_skip_reason, fuse_pair_skip_reason, gated_mlp_skip_reason,
+                          is_fp8_checkpoint_module)
 from ..torch import Fp8ProjLinear, Fp8ProjRMSNormLinear, Workspace
 from .kv_expand import KeyValueExpand, expand_kv_skip_reason
 
@@ -100,6 +101,8 @@ class PatchReport:
     unshared: List[Tuple[str, str]] = field(default_factory=list)    # (attention name, why its pair does not share)
     expanded: List[str] = field(default_factory=list)  # attentions whose kv_b_proj writes the key layout (kv_expand.py)
     expand_extra_bytes: int = 0  # their gapped FP8 copies of kv_b_proj's weight
+    fused_input_norm: List[str] = field(default_factory=list)  # layers whose input_layernorm the pair took
+    fused_mlp: List[str] = field(default_factory=list)  # MLPs run by GatedMLP (silu * up fused into down_proj's input)
 
     def __str__(self) -> str:
         lines = [f"fp8proj patch: {len(self.patched)} modules patched ({len(self.fused)} with the norm fused, "
@@ -114,9 +117,12 @@ class PatchReport:
                          "plan workspaces)")
         lines += [f"  left on transformers' path {n}: {why}" for n, why in self.left]
         lines += [f"  shared {n}" for n in self.shared]
+        lines += [f"  fused {n}.input_layernorm into its attention's q_a_proj + kv_a_proj_with_mqa (one pass "
+                  "normalizes and quantizes the layer's input)" for n in self.fused_input_norm]
         if self.expanded:
             lines.append(f"  kv_b_proj writes the key layout (expand_kv replaced, no key copy) in {len(self.expanded)} "
                          f"attention modules; {self.expand_extra_bytes} bytes of gapped FP8 copies")
+        lines += [f"  fused {n}: silu(gate_proj) * up_proj quantized in one pass for down_proj" for n in self.fused_mlp]
         lines += [f"  not shared {n}: {why}" for n, why in self.unshared]
         if self.note:
             lines.append(f"  note: {self.note}")
@@ -221,22 +227,119 @@ def _share_pairs(model: nn.Module, attns, fp8_plan, report: "PatchReport", share
                              f"(both read {var}; not fused: {why_unfused})")
 
 
-def _norm_is_plain_rmsnorm(norm: nn.Module) -> Tuple[bool, str]:
+def _fuse_input_norms(model: nn.Module, attns, report: "PatchReport", originals: list) -> None:
+    """Each decoder layer's input_layernorm into its attention's FusedPair, where
+    _input_norm_fusion_skip_reason allows; report.fused_input_norm / report.skipped say where."""
+    layers = {id(getattr(m, "self_attn", None)): (n, m) for n, m in model.named_modules()
+              if isinstance(getattr(m, "input_layernorm", None), nn.Module)}
+    for aname, attn in attns:
+        pair = getattr(getattr(attn, "q_a_proj", None), "fused_pair", None)
+        if pair is None or id(attn) not in layers:
+            continue
+        lname, layer = layers[id(attn)]
+        var, why = _pair_input(attn)
+        why = why or _input_norm_fusion_skip_reason(layer, attn, var)
+        if why:
+            report.skipped.append((f"{lname}.input_layernorm" if lname else "input_layernorm",
+                                   f"not fused into the attention's q_a_proj + kv_a_proj_with_mqa: {why}"))
+            continue
+        norm = layer.input_layernorm
+        passthrough = pair.fuse_norm(norm)
+        originals.append((layer, "input_layernorm", norm))
+        layer.input_layernorm = passthrough
+        report.fused_input_norm.append(lname)
+
+
+def _fuse_mlps(model: nn.Module, report: "PatchReport", originals: list, fuse_pair: bool) -> None:
+    """A GatedMLP for every MLP whose three projections patch() took as FP8 checkpoint layers (and
+    gate_proj + up_proj as one FusedPair where fuse_pair and their weights allow); report.fused_mlp /
+    report.skipped say where and why not."""
+    taken = set(report.fp8)
+    for name, mlp in model.named_modules():
+        full = [f"{name}.{a}" if name else a for a in ("gate_proj", "up_proj", "down_proj")]
+        if not all(f in taken for f in full):
+            continue
+        why = gated_mlp_skip_reason(mlp)
+        if why:
+            report.skipped.append((name or type(mlp).__name__, f"MLP not fused: {why}"))
+            continue
+        gate, up = mlp.gate_proj, mlp.up_proj
+        if fuse_pair and not fuse_pair_skip_reason(gate, up):
+            FusedPair(gate, up)
+        mlp.__dict__["forward"] = GatedMLP(mlp, name=f"{name}.forward" if name else "forward")
+        originals.append((mlp, "forward", _INSTANCE_ATTRIBUTE))
+        report.fused_mlp.append(name + (" (gate_proj + up_proj one GEMM)" if gate.fused_pair is not None else ""))
+
+
+def _norm_is_plain_rmsnorm(norm: nn.Module, what: str = "q_a_layernorm") -> Tuple[bool, str]:
     # Our fused kernel computes x * rsqrt(mean(x^2) + eps) * weight; a (1 + weight) norm (Gemma) or
     # one with a bias is another function.
     if not type(norm).__name__.endswith("RMSNorm"):
-        return False, f"q_a_layernorm is a {type(norm).__name__}, not an RMSNorm"
+        return False, f"{what} is a {type(norm).__name__}, not an RMSNorm"
     if getattr(norm, "bias", None) is not None:
-        return False, "q_a_layernorm has a bias"
+        return False, f"{what} has a bias"
     try:
         src = inspect.getsource(type(norm).forward)
     except (OSError, TypeError):
         src = ""
     if re.search(r"1(\.0)?\s*\+\s*self\.weight", src):
-        return False, "q_a_layernorm scales by (1 + weight)"
+        return False, f"{what} scales by (1 + weight)"
     if not any(isinstance(getattr(norm, a, None), (int, float)) for a in ("variance_epsilon", "eps")):
-        return False, "q_a_layernorm has no eps attribute"
+        return False, f"{what} has no eps attribute"
     return True, ""
+
+
+def _call_arguments(src: str, start: int) -> str:
+    """The text between the parenthesis at src[start] and its match ("" if unbalanced)."""
+    depth = 0
+    for i in range(start, len(src)):
+        depth += {"(": 1, ")": -1}.get(src[i], 0)
+        if depth == 0:
+            return src[start + 1:i]
+    return ""
+
+
+def _input_norm_fusion_skip_reason(layer: nn.Module, attn: nn.Module, var: str) -> str:
+    """"" where the decoder layer's input_layernorm can be fused into its attention's FusedPair, else
+    why not. Read from both forwards' source: the layer assigns the norm's output to one variable,
+    passes it to self.self_attn as the attention's `var` argument and uses it nowhere else (the
+    attention's output replaces it); the attention reads `var` only as the pair's input and for its
+    shape. DeepSeek-V3: `hidden_states = self.input_layernorm(hidden_states)`, then `hidden_states,
+    _ = self.self_attn(hidden_states=hidden_states, ...)`."""
+    lcls, acls = type(layer).__name__, type(attn).__name__
+    if getattr(attn, "indexer", None) is not None:
+        return "an indexer also reads the attention's input (DSA)"
+    ok, why = _norm_is_plain_rmsnorm(layer.input_layernorm, "input_layernorm")
+    if not ok:
+        return why
+    src = _forward_source(layer)
+    if not src:
+        return f"the source of {lcls}.forward is unavailable, so the norm's consumers are unknown"
+    assign = re.search(r"\n(\s*)([A-Za-z_]\w*)\s*=\s*self\.input_layernorm\(\s*[A-Za-z_]\w*\s*\)", src)
+    if src.count("self.input_layernorm(") != 1 or src.count("self.self_attn(") != 1 or assign is None:
+        return f"{lcls}.forward does not call input_layernorm and self_attn once each, the norm's output in a variable"
+    out, rest = assign.group(2), src[assign.end():]
+    call = rest.find("self.self_attn(")
+    line = rest.rfind("\n", 0, call)
+    if call < 0 or line < 0 or re.search(rf"\b{out}\b", rest[:line]):
+        return f"{lcls}.forward uses input_layernorm's output before the attention"
+    if not re.fullmatch(rf"\s*{out}\b[\w\s,]*=\s*", rest[line:call]):
+        return f"{lcls}.forward keeps input_layernorm's output past the attention (its output does not replace it)"
+    args = _call_arguments(rest, call + len("self.self_attn"))
+    if len(re.findall(rf"\b{out}\b(?!\s*=(?!=))", args)) != 1 or not re.search(  # uses, not keyword names
+            rf"(\b{var}\s*=\s*{out}\b|^\s*{out}\s*(,|$))", args):
+        return f"{lcls}.forward passes input_layernorm's output to the attention other than as its {var}"
+    asrc = _forward_source(attn)
+    head = asrc.find("def forward(")
+    body = asrc[head + len("def forward") + len(_call_arguments(asrc, head + len("def forward"))) + 2:] if head >= 0 else ""
+    allowed = [rf"self\.(q_a_proj|kv_a_proj_with_mqa)\(\s*{var}\s*\)", rf"\b{var}\.shape\b"]
+    if getattr(attn, "q_proj", None) is None:  # the q_lora_rank = None branch: never taken here
+        allowed.append(rf"self\.q_proj\(\s*{var}\s*\)")
+    for pattern in allowed:
+        body = re.sub(pattern, "", body)
+    if not body or re.search(rf"\b{var}\b", body):
+        return f"{acls}.forward reads {var} other than through q_a_proj and kv_a_proj_with_mqa"
+    return ""
 
 
 def _norm_fusion_skip_reason(attn: nn.Module) -> str:
@@ -284,7 +387,8 @@ def _linear_skip_reason(lin: Optional[nn.Module]) -> str:
 def patch(model: nn.Module, *, enabled: Optional[bool] = True, policy: str = "prefill",
           targets: Sequence[str] = DEFAULT_TARGETS, fuse_norm: bool = True, share_workspace: bool = True,
           scales: Optional[str] = None, share_inputs: bool = True, fuse_pair: bool = True,
-          fuse_kv_expand: bool = True, **layer_opts) -> PatchReport:
+          fuse_input_norm: bool = True, fuse_mlp: bool = True, fuse_kv_expand: bool = True,
+          **layer_opts) -> PatchReport:
     """Replace `targets` of every MLA attention module of `model` in place (see the module doc).
     scales: the scale format of the FP8 copies made from bf16 weights, "ue8m0" (None: the
     default) or "float" (fp32 amax/448). layer_opts: threshold, decode_ceiling, max_tokens,
@@ -298,6 +402,15 @@ def patch(model: nn.Module, *, enabled: Optional[bool] = True, policy: str = "pr
     fuse_pair: with share_inputs, and where their weights can be laid end to end, run the two as
     one GEMM over one buffer that their Parameters become row ranges of (fp8_linear.FusedPair; no
     extra memory). False: shared quantization, two GEMMs, the checkpoint's buffers untouched.
+    fuse_input_norm: where such a pair is fused and the decoder layer feeds its input_layernorm's
+    output to the attention alone, which reads it only through the pair (checked in both forwards'
+    source), the pair takes the norm: one rmsnorm_quantize pass per layer instead of the norm
+    module and a quantization (FusedPair.fuse_norm; report.fused_input_norm). False: the norm stays.
+    fuse_mlp: where an MLP's gate_proj, up_proj and down_proj are all FP8 checkpoint layers taken
+    (targets ALL_FP8_LINEARS) and its forward is down_proj(act_fn(gate_proj(x)) * up_proj(x)) with
+    SiLU, silu(gate) * up is quantized for down_proj in one pass (fp8_linear.GatedMLP, installed
+    as the MLP's forward; report.fused_mlp) and, with fuse_pair, gate_proj and up_proj run as one
+    FusedPair. False: the MLP's own forward.
     fuse_kv_expand: where kv_b_proj is a target and the attention expands its cached latent with
     transformers' expand_kv (checked on a test input), kv_b_proj writes the key layout itself and
     the key copy goes (kv_expand.KeyValueExpand). False: expand_kv stays the class's."""
@@ -434,6 +547,10 @@ def patch(model: nn.Module, *, enabled: Optional[bool] = True, policy: str = "pr
             parent.q_a_layernorm = passthrough
             report.fused.append(full)
     _share_pairs(model, attns, fp8_plan, report, share_inputs, fuse_pair)
+    if fuse_input_norm:
+        _fuse_input_norms(model, attns, report, originals)
+    if fuse_mlp:
+        _fuse_mlps(model, report, originals, share_inputs and fuse_pair)
     for full in report.fp8:
         # Each GEMM plan made now, outside any CUDA graph capture (a no-op off the GPU path).
         mod = model.get_submodule(full)

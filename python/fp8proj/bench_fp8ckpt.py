@@ -288,10 +288,12 @@ def _dequant_w(w, s):
     return w.float() * s.repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k]
 
 
-def _dequant_x_ours(x):
+def _dequant_x_ours(x, quantize=None, rows=None):
+    """fp8proj's codes of x dequantized: quantize_activation's, or those of `quantize` (a fused
+    pass: the norm's, silu * up's; the same layout) over `rows` rows."""
     from fp8proj import ops
-    xv, xs = ops.quantize_activation(x, "float")
-    m = x.shape[0]
+    xv, xs = ops.quantize_activation(x, "float") if quantize is None else quantize(x)
+    m = x.shape[0] if rows is None else rows
     return xv.float() * xs[:, :m].t().repeat_interleave(128, dim=1)
 
 
@@ -303,7 +305,7 @@ def _dequant_x_deepgemm(x, cast):
 # ---- the benchmark ----------------------------------------------------------------------------------
 
 def _projection_point(model, lins_bf16, mos, mds, cast, kind, m, reps, warmup, flush, device="cuda",
-                      alt=None) -> dict:
+                      alt=None, norm=None) -> dict:
     """One row: the modules of `mos` (fp8proj), `lins_bf16` and `mds` (DeepGEMM, or None) called one
     after another on one input of m rows, timed together. One module: it alone, its activation
     quantization included. q_a_proj and kv_a_proj_with_mqa together: the attention's pattern, where
@@ -311,9 +313,18 @@ def _projection_point(model, lins_bf16, mos, mds, cast, kind, m, reps, warmup, f
     (SharedActivation) and DeepGEMM's wrapper casts twice, as transformers' path does. alt: the
     same pair as a SharedActivation (two GEMMs), timed in the same rounds beside the fused one.
     Each output against the fp32 product of its own dequantized operands; the row gets the largest
-    error of its modules."""
+    error of its modules.
+    norm: (the model's RMSNorm module before the pair, the same norm in one pass, the fused pass's
+    quantizer) where fp8proj's pair has taken that norm (FusedPair.fuse_norm): every variant then
+    starts from the un-normalized rows -- bf16, DeepGEMM and the unfused pair behind the norm
+    module, fp8proj's pair alone (its one rmsnorm_quantize pass) -- and the row also times bf16
+    behind the one-pass norm (bf16_onepass_us; speedup_vs_bf16 is against the faster bf16) and each
+    norm by itself."""
     kk = mos[0].in_features
     x = torch.randn(m, kk, dtype=BF16, device=device)
+    if norm is not None:
+        norm_mod, norm_onepass, norm_quant = norm
+        x = x * 3  # rows of a residual stream: the norm's scale matters
     use_dg, dg_err = mds, ""
     if mds is not None:
         try:
@@ -322,29 +333,39 @@ def _projection_point(model, lins_bf16, mos, mds, cast, kind, m, reps, warmup, f
         except Exception as e:  # noqa: BLE001 - a shape DeepGEMM declines is a result
             use_dg, dg_err = None, f"{type(e).__name__}: {str(e)[:160]}"
 
-    def calls(mods):
-        return lambda: [f(x) for f in mods]
+    def calls(mods, pre=None):
+        if pre is None:
+            return lambda: [f(x) for f in mods]
+        return lambda: [f(xn) for xn in [pre(x)] for f in mods]  # the norm once, then each module
 
-    fns = [calls(lins_bf16), calls(mos)] + ([calls(use_dg)] if use_dg is not None else [])
+    before = norm_mod if norm is not None else None
+    fns = [calls(lins_bf16, before), calls(mos)] + ([calls(use_dg, before)] if use_dg is not None else [])
     if alt is not None:
-        fns.append(calls(alt))
-    outs = [f() for f in fns]  # also the first calls: plans
+        fns.append(calls(alt, before))
+    extra = [] if norm is None else [calls(lins_bf16, norm_onepass), lambda: norm_mod(x), lambda: norm_onepass(x)]
+    outs = [f() for f in fns + extra]  # also the first calls: plans
     if x.is_cuda:
         torch.cuda.synchronize()
     # Errors over the first 4096 rows (activations are quantized per row: a subset is exact).
     r_ = min(m, 4096)
     w_refs = [_dequant_w(mo.weight, mo._scales()).t() for mo in mos]
-    xo = _dequant_x_ours(x[:r_])
+    xn = x[:r_] if norm is None else norm_mod(x[:r_])  # what the unfused variants quantize
+    xo = _dequant_x_ours(x[:r_], norm_quant) if norm is not None else _dequant_x_ours(xn)
     err_ours = max(_rel(y[:r_], xo @ w) for y, w in zip(outs[1], w_refs))
     err_dg = ours_vs_dg = err_alt = None
     if alt is not None:
-        err_alt = max(_rel(y[:r_], xo @ w) for y, w in zip(outs[-1], w_refs))
+        xa = xo if norm is None else _dequant_x_ours(xn)
+        err_alt = max(_rel(y[:r_], xa @ w) for y, w in zip(outs[len(fns) - 1], w_refs))
     if use_dg is not None:
-        xd = _dequant_x_deepgemm(x[:r_], cast)
+        xd = _dequant_x_deepgemm(xn, cast)
         err_dg = max(_rel(y[:r_], xd @ w) for y, w in zip(outs[2], w_refs))
         ours_vs_dg = max(_rel(a[:r_], b[:r_]) for a, b in zip(outs[1], outs[2]))
-    del outs, w_refs, xo
-    t = time_rounds(fns, reps, warmup, flush, delay_us=1000 + 0.05 * m * len(mos))
+    del outs, w_refs, xo, xn
+    t = time_rounds(fns + extra, reps, warmup, flush, delay_us=1000 + 0.05 * m * len(mos))
+    t, t_extra = t[:len(fns)], t[len(fns):]
+    t_bf16_module = t[0]
+    if norm is not None:
+        t = [min(t[0], t_extra[0])] + t[1:]  # the faster bf16: the bar is against it
     shared = [mo.shared_activation for mo in mos]
     fused = [mo.fused_pair for mo in mos]
     pair = len(mos) > 1
@@ -356,12 +377,20 @@ def _projection_point(model, lins_bf16, mos, mds, cast, kind, m, reps, warmup, f
                "quantizes it once (shared), two GEMMs" if sharing else "quantizes it twice (not shared)")
         note = (f"both on one input as the attention calls them: fp8proj {how}; bf16 two matmuls; DeepGEMM two "
                 "casts" + ("; fp8proj_shared_us: the same pair unfused, quantization shared" if alt else ""))
+        if norm is not None:
+            note = ("the decoder layer's input_layernorm, then " + note + "; fp8proj's pair normalizes and quantizes "
+                    "in one pass (rmsnorm_quantize), the others run the norm module first; bf16_us: the faster of "
+                    "bf16 behind the norm module and behind the one-pass norm")
     else:
         note = "one module alone: its own activation quantization included"
+        if norm is not None:
+            note = ("q_a_layernorm, then the module: fp8proj's normalizes and quantizes in one pass (rmsnorm_quantize), "
+                    "bf16 runs the norm module first; bf16_us: the faster of bf16 behind the norm module and behind the "
+                    "one-pass norm")
     for g in {id(s): s for s in shared + fused + [a.shared_activation for a in alt or []] if s is not None}.values():
         g.clear()  # the timed input: nothing to keep after the row
-    short = "+".join(mo.name.split(".layers.0.")[1] if i == 0 else mo.name.rsplit(".", 1)[1]
-                     for i, mo in enumerate(mos))
+    short = (("input_layernorm+" if pair else "q_a_layernorm+") if norm is not None else "") + "+".join(
+        mo.name.split(".layers.0.")[1] if i == 0 else mo.name.rsplit(".", 1)[1] for i, mo in enumerate(mos))
     row = dict(model=model, projection=short, n="+".join(str(mo.out_features) for mo in mos) if pair else
                mos[0].out_features, k=kk, kind=kind, m=m, pair=pair, note=note,
                bf16_us=round(t[0] * 1e3, 2), fp8proj_us=round(t[1] * 1e3, 2), speedup_vs_bf16=round(t[0] / t[1], 4),
@@ -375,6 +404,88 @@ def _projection_point(model, lins_bf16, mos, mds, cast, kind, m, reps, warmup, f
                deepgemm_err_vs_dequant=None if err_dg is None else float(f"{err_dg:.3e}"),
                fp8proj_vs_deepgemm=None if ours_vs_dg is None else float(f"{ours_vs_dg:.3e}"),
                within_tolerance=err_ours <= 2e-3, explain=" | ".join(mo.explain(m) for mo in mos))
+    if norm is not None:
+        row.update(bf16_module_norm_us=round(t_bf16_module * 1e3, 2), bf16_onepass_us=round(t_extra[0] * 1e3, 2),
+                   norm_module_us=round(t_extra[1] * 1e3, 2), norm_onepass_us=round(t_extra[2] * 1e3, 2))
+    del x
+    return row
+
+
+def _onepass_silu_mul():
+    """bf16 silu(g) * u as one fused kernel (torch.compile, Triton), or (None, why) where it cannot
+    be built here: the bf16 side's best elementwise pass, beside eager's two."""
+    try:
+        fn = torch.compile(lambda g, u: torch.nn.functional.silu(g) * u)
+        g = torch.randn(4, 256, dtype=BF16, device="cuda")
+        fn(g, g)
+        return fn, ""
+    except Exception as e:  # noqa: BLE001 - no compiler here: the row says so
+        return None, f"{type(e).__name__}: {str(e)[:160]}"
+
+
+def _mlp_point(model, bf16_mlp, mlp, dg, alt, onepass, kind, m, reps, warmup, flush) -> dict:
+    """One row for a gated MLP as its forward calls the three projections, timed together:
+    fp8proj's patched MLP (GatedMLP: gate_proj + up_proj as one FusedPair where fused, one
+    silu_mul_quantize pass, down_proj's GEMM); bf16 the dequantized model's MLP (three matmuls,
+    eager silu and product) and the same with the elementwise part as one compiled kernel
+    (bf16_onepass_us; speedup_vs_bf16 is against the faster); DeepGEMM's three wrappers in the MLP's
+    own forward; fp8proj_shared_us: fp8proj's three modules unfused in the MLP's own forward. The
+    error is down_proj's output against the fp32 product of its own dequantized codes (those of the
+    fused pass over fp8proj's gate and up outputs)."""
+    g_mod, u_mod, d_mod = mlp.gate_proj, mlp.up_proj, mlp.down_proj
+    kk, inter = g_mod.in_features, g_mod.out_features
+    x = torch.randn(m, kk, dtype=BF16, device="cuda")
+    silu = torch.nn.functional.silu
+
+    def own(gate, up, down):
+        return lambda: down(silu(gate(x)) * up(x))
+
+    fns = [lambda: bf16_mlp(x), lambda: mlp(x)]
+    use_dg, dg_err = dg, ""
+    if dg is not None:
+        try:
+            own(*dg)()  # DeepGEMM's JIT for these problems
+        except Exception as e:  # noqa: BLE001 - a shape DeepGEMM declines is a result
+            use_dg, dg_err = None, f"{type(e).__name__}: {str(e)[:160]}"
+    if use_dg is not None:
+        fns.append(own(*use_dg))
+    fns.append(own(*alt))
+    b_lins = (bf16_mlp.gate_proj, bf16_mlp.up_proj, bf16_mlp.down_proj)
+    extra = [] if onepass is None else [lambda: b_lins[2](onepass(b_lins[0](x), b_lins[1](x)))]
+    outs = [f() for f in fns + extra]
+    torch.cuda.synchronize()
+    r_ = min(m, 4096)
+    xs = x[:r_]
+    g, u = g_mod(xs), u_mod(xs)
+    xo = _dequant_x_ours(None, lambda _: torch.ops.fp8proj.silu_mul_quantize(g, u, "float"), rows=r_)
+    y_ref = xo @ _dequant_w(d_mod.weight, d_mod._scales()).t()
+    err = _rel(outs[1][:r_], y_ref)
+    err_alt = _rel(outs[len(fns) - 1][:r_], outs[1][:r_])
+    e2e = _rel(outs[1], outs[0])
+    del outs, g, u, xs, xo, y_ref
+    t = time_rounds(fns + extra, reps, warmup, flush, delay_us=1000 + 0.15 * m)
+    t, t_extra = t[:len(fns)], t[len(fns):]
+    t_bf16 = min([t[0]] + t_extra)
+    n_dg = 2 if use_dg is not None else None
+    for grp in {id(v): v for v in (g_mod.fused_pair, g_mod.shared_activation) if v is not None}.values():
+        grp.clear()
+    row = dict(model=model, projection="mlp.gate_proj+up_proj+down_proj", n=f"{inter}+{inter}+{d_mod.out_features}",
+               k=kk, kind=kind, m=m, pair=True,
+               note=("the MLP as its forward calls them: fp8proj gate_proj + up_proj "
+                     f"{'as one fused GEMM' if g_mod.fused_pair is not None else 'apart'}, silu(gate) * up quantized in "
+                     "one pass, down_proj; bf16 three matmuls and eager silu, product (bf16_onepass_us: the elementwise "
+                     "part as one compiled kernel; bf16_us the faster); DeepGEMM three wrappers, eager silu and "
+                     "product; fp8proj_shared_us: fp8proj's three modules in the MLP's own forward"),
+               bf16_us=round(t_bf16 * 1e3, 2), fp8proj_us=round(t[1] * 1e3, 2), speedup_vs_bf16=round(t_bf16 / t[1], 4),
+               bf16_eager_us=round(t[0] * 1e3, 2),
+               bf16_onepass_us=round(t_extra[0] * 1e3, 2) if t_extra else None,
+               fp8proj_shared_us=round(t[-1] * 1e3, 2), fused_over_shared=round(t[-1] / t[1], 4),
+               deepgemm_us=round(t[n_dg] * 1e3, 2) if n_dg else None,
+               speedup_vs_deepgemm=round(t[n_dg] / t[1], 4) if n_dg else None, deepgemm_error=dg_err,
+               fp8proj_err_vs_dequant=float(f"{err:.3e}"), fp8proj_shared_err_vs_dequant=None,
+               deepgemm_err_vs_dequant=None, fp8proj_vs_deepgemm=None,
+               fused_vs_unfused_rel=float(f"{err_alt:.3e}"), fp8proj_vs_bf16_rel=float(f"{e2e:.3e}"),
+               within_tolerance=err <= 2e-3, explain=mlp.forward.explain(m) if hasattr(mlp.forward, "explain") else "")
     del x
     return row
 
@@ -414,6 +525,14 @@ def bench_model(name, cfg, ckpt: Path, chunks, decode, reps, warmup, log=print, 
         dg = {n: DeepGemmLinear(originals[n], dg_mod, cast) for n in fp8_names}
     else:
         log(f"[fp8ckpt] DeepGEMM skipped: {dg_why}")
+    # The norms patch() fused (q_a_layernorm into q_b_proj, input_layernorm into the pair) stand as
+    # pass-throughs in the patched model: fp8proj's variant keeps them, the others get the norm back.
+    from fp8proj.torch import DeferredRMSNorm
+    for n, mod in list(fp8.named_modules()):
+        if isinstance(mod, DeferredRMSNorm):
+            ours[n], originals[n] = mod, mod.original
+            if dg:
+                dg[n] = mod.original
 
     def use(mods):
         for n, m in mods.items():
@@ -429,7 +548,14 @@ def bench_model(name, cfg, ckpt: Path, chunks, decode, reps, warmup, log=print, 
     pair = [n for end in (".self_attn.q_a_proj", ".self_attn.kv_a_proj_with_mqa") for n in layer0 if n.endswith(end)]
     pair_fused = len(pair) == 2 and ours[pair[0]].fused_pair is not None
     # A fused pair's member alone would run the pair's GEMM: the pair is timed as the attention calls it.
-    groups = [[n] for n in layer0 if not (pair_fused and n in pair)]
+    mlp0 = next((n.rsplit(".", 1)[0] for n in layer0 if n.endswith(".mlp.down_proj")), None)
+    mlp_mod = fp8.get_submodule(mlp0) if mlp0 else None
+    from fp8proj.fp8_linear import GatedMLP
+    mlp_fused = mlp_mod is not None and isinstance(vars(mlp_mod).get("forward"), GatedMLP)
+    mlp_paired = mlp_fused and mlp_mod.gate_proj.fused_pair is not None
+    # A fused pair's member alone would run the pair's GEMM: gate_proj and up_proj are timed in the MLP's row.
+    groups = [[n] for n in layer0 if not (pair_fused and n in pair)
+              and not (mlp_paired and n.rsplit(".", 1)[-1] in ("gate_proj", "up_proj") and ".mlp." in n)]
     alt = None
     if len(pair) == 2:
         groups.append(pair)  # as the attention calls them: both on one input
@@ -442,12 +568,32 @@ def bench_model(name, cfg, ckpt: Path, chunks, decode, reps, warmup, log=print, 
                 a.prepare(max_tokens)
             log(f"[fp8ckpt] {name}: q_a_proj and kv_a_proj_with_mqa fused (one GEMM, N={ours[pair[0]].fused_pair.weight.shape[0]}): "
                 "timed as the pair, beside the same pair unfused")
+    def norm_spec(bf16_norm, fused_norm, eps):
+        """(the bf16 model's norm module, the same norm in one pass, fp8proj's fused pass) for a row
+        whose fp8proj side took that norm: every side then starts from the norm's input."""
+        nw = bf16_norm.weight
+        return (bf16_norm, lambda x: torch.nn.functional.rms_norm(x, (x.shape[-1],), nw, eps),
+                lambda x: torch.ops.fp8proj.rmsnorm_quantize(x, fused_norm.weight.detach(), eps, "float"))
+
+    norms = {}  # group (tuple of names) -> norm_spec
+    if pair_fused and ours[pair[0]].fused_pair.norm is not None:
+        fp = ours[pair[0]].fused_pair
+        norms[tuple(pair)] = norm_spec(bf16.get_submodule(pair[0].rsplit(".self_attn.", 1)[0] + ".input_layernorm"),
+                                       fp.norm, fp.norm_eps)
+    for n in layer0:
+        if ours[n].pre_norm is not None:  # q_a_layernorm fused into q_b_proj
+            norms[(n,)] = norm_spec(bf16.get_submodule(n.rsplit(".", 1)[0] + ".q_a_layernorm"), ours[n].pre_norm,
+                                    ours[n].norm_eps)
+    if norms:
+        log(f"[fp8ckpt] {name}: the norms fused into " + ", ".join("+".join(k) for k in norms) + ": their rows "
+            "time the norm on every side, bf16 also behind torch.nn.functional.rms_norm (one pass)")
     for names in groups:
         for kind, ms in (("prefill", [c * 1024 for c in chunks]), ("decode", list(decode))):
             for m in ms:
                 row = _projection_point(name, [bf16.get_submodule(n) for n in names], [ours[n] for n in names],
                                         [dg[n] for n in names] if dg else None, cast, kind, m, reps, warmup, flush,
-                                        alt=alt if names == pair else None)
+                                        alt=alt if names == pair else None,
+                                        norm=norms.get(tuple(names)))
                 proj_rows.append(row)
                 log(f"[fp8ckpt] {name} {row['projection']} {row['n']}x{row['k']} {kind} M={m}: bf16 "
                     f"{row['bf16_us']:.1f} us, fp8proj {row['fp8proj_us']:.1f} us ({row['speedup_vs_bf16']:.3f}x)" +
@@ -456,7 +602,36 @@ def bench_model(name, cfg, ckpt: Path, chunks, decode, reps, warmup, log=print, 
                      f", deepgemm: {row['deepgemm_error']}" if row["deepgemm_error"] else "") +
                     (f", unfused {row['fp8proj_shared_us']:.1f} us (fused {row['fused_over_shared']:.3f}x)"
                      if row["fp8proj_shared_us"] is not None else "") +
+                    (f"; bf16 behind the norm module {row['bf16_module_norm_us']:.1f} us, behind the one-pass norm "
+                     f"{row['bf16_onepass_us']:.1f} us; the norms alone {row['norm_module_us']:.1f} / "
+                     f"{row['norm_onepass_us']:.1f} us" if "bf16_onepass_us" in row else "") +
                     f"; err {row['fp8proj_err_vs_dequant']:.2e}")
+        torch.cuda.empty_cache()
+
+    if mlp_fused:
+        # The MLP as its forward calls the three projections: fp8proj's GatedMLP against bf16's MLP
+        # (eager, and with a one-kernel silu * up), DeepGEMM and fp8proj's modules unfused.
+        onepass, why_onepass = _onepass_silu_mul()
+        if onepass is None:
+            log(f"[fp8ckpt] {name}: bf16 one-pass silu * up unavailable ({why_onepass}): eager bf16 only")
+        names3 = [f"{mlp0}.{a}" for a in ("gate_proj", "up_proj", "down_proj")]
+        alt3 = [Fp8CheckpointLinear(originals[n], name=n + " (unfused)") for n in names3]
+        for a in alt3:
+            a.prepare(max_tokens)
+        dg3 = [dg[n] for n in names3] if dg else None
+        for kind, ms in (("prefill", [c * 1024 for c in chunks]), ("decode", list(decode))):
+            for m in ms:
+                row = _mlp_point(name, bf16.get_submodule(mlp0), mlp_mod, dg3, alt3, onepass, kind, m, reps, warmup,
+                                 flush)
+                proj_rows.append(row)
+                log(f"[fp8ckpt] {name} {row['projection']} {kind} M={m}: bf16 {row['bf16_us']:.1f} us (eager "
+                    f"{row['bf16_eager_us']:.1f}, one-pass act {row['bf16_onepass_us']}), fp8proj "
+                    f"{row['fp8proj_us']:.1f} us ({row['speedup_vs_bf16']:.3f}x), unfused {row['fp8proj_shared_us']:.1f} "
+                    f"us (fused {row['fused_over_shared']:.3f}x)" +
+                    (f", deepgemm {row['deepgemm_us']:.1f} us ({row['speedup_vs_deepgemm']:.3f}x)"
+                     if row["deepgemm_us"] is not None else "") +
+                    f"; err {row['fp8proj_err_vs_dequant']:.2e}, vs unfused {row['fused_vs_unfused_rel']:.2e}")
+        del alt3
         torch.cuda.empty_cache()
 
     # -- the whole model: prefill ------------------------------------------------------------------------

@@ -245,7 +245,7 @@ def test_fused_pair_row_times_the_pair_beside_it_unfused(monkeypatch):
 
     model, _ = fp8_model("float", hidden_size=512)  # K = 512: a pair patch() fuses
     originals = {n: m for n, m in model.named_modules() if isinstance(m, FP8Linear)}
-    patch(model, targets=ALL_FP8_LINEARS)
+    patch(model, targets=ALL_FP8_LINEARS, fuse_input_norm=False)  # the pair alone (the next test: with it)
     names = ["model.layers.0.self_attn.q_a_proj", "model.layers.0.self_attn.kv_a_proj_with_mqa"]
     mos = [model.get_submodule(n) for n in names]
     assert mos[0].fused_pair is mos[1].fused_pair is not None
@@ -276,6 +276,63 @@ def test_fused_pair_row_times_the_pair_beside_it_unfused(monkeypatch):
     assert len(quantized) == 2 * 4
     assert "one fused GEMM over both weights" in row["note"] and row["fused_over_shared"] == 1.25
     assert row["fp8proj_shared_us"] == 1250.0 and row["speedup_vs_bf16"] == 2.0
+    assert row["within_tolerance"] and 0 < row["fp8proj_shared_err_vs_dequant"] <= 2e-3
+    assert not mos[0].fused_pair.holding and not group.holding
+
+
+def test_pair_row_with_the_input_norm_times_the_norm_on_every_side(monkeypatch):
+    """Where patch() fused input_layernorm into the pair, its row starts from the layer's input:
+    bf16, the unfused pair (and DeepGEMM) behind the norm module, fp8proj's pair alone; bf16 also
+    behind the one-pass norm, the faster bf16 taken for the ratio; each output against its own
+    codes' product."""
+    from fp8proj import bench_fp8ckpt as b
+    from fp8proj import fp8_linear
+    from fp8proj.fp8_linear import Fp8CheckpointLinear, SharedActivation
+    from fp8proj.integrations.transformers import ALL_FP8_LINEARS, patch
+    from transformers.integrations.finegrained_fp8 import FP8Linear
+
+    from test_fp8_checkpoint import fp8_model
+
+    model, bf16 = fp8_model("float", hidden_size=512)
+    originals = {n: m for n, m in model.named_modules() if isinstance(m, FP8Linear)}
+    norm_mod = model.model.layers[0].input_layernorm
+    report = patch(model, targets=ALL_FP8_LINEARS)
+    assert report.fused_input_norm == ["model.layers.0", "model.layers.1"]
+    names = ["model.layers.0.self_attn.q_a_proj", "model.layers.0.self_attn.kv_a_proj_with_mqa"]
+    mos = [model.get_submodule(n) for n in names]
+    alt = [Fp8CheckpointLinear(originals[n], name=n + " (unfused)") for n in names]
+    group = SharedActivation()
+    for a in alt:
+        group.add(a)
+    lins = [torch.nn.Linear(m.in_features, m.out_features, bias=False).to(torch.bfloat16) for m in mos]
+    for lin, mo in zip(lins, mos):
+        with torch.no_grad():
+            lin.weight.copy_(b._dequant_w(mo.weight, mo._scales()).to(torch.bfloat16))
+    real = fp8_linear.quantize_activation_reference
+    onepass = []
+
+    def deq_ours(x, quantize=None):
+        # The CPU path's fused pass is the norm module, then the same quantization.
+        q, s = real(norm_mod(x) if quantize is not None else x, "float")
+        return q.float() * s.repeat_interleave(128, 1)
+
+    def one_pass(x):
+        onepass.append(1)
+        return torch.nn.functional.rms_norm(x, (x.shape[-1],), norm_mod.weight, 1e-6)
+
+    monkeypatch.setattr(b, "_dequant_x_ours", deq_ours)
+    # Round times: bf16 behind the module 3.0, fp8proj 1.0, unfused 1.5, bf16 behind one pass 2.0,
+    # the norms alone 1.2 and 0.4.
+    monkeypatch.setattr(b, "time_rounds", lambda fns, reps, warmup, flush=None, delay_us=0.0:
+                        [f() for _ in range(reps) for f in fns] and [3.0, 1.0, 1.5, 2.0, 1.2, 0.4][:len(fns)])
+    with torch.no_grad():
+        row = b._projection_point("tiny", lins, mos, None, None, "prefill", 64, 3, 0, None, device="cpu", alt=alt,
+                                  norm=(norm_mod, one_pass, "fused"))
+    assert row["projection"] == "input_layernorm+self_attn.q_a_proj+kv_a_proj_with_mqa"
+    assert row["bf16_us"] == 2000.0 and row["speedup_vs_bf16"] == 2.0  # the faster bf16: behind one pass
+    assert row["bf16_module_norm_us"] == 3000.0 and row["bf16_onepass_us"] == 2000.0
+    assert row["norm_module_us"] == 1200.0 and row["norm_onepass_us"] == 400.0 and row["fused_over_shared"] == 1.5
+    assert "input_layernorm" in row["note"] and len(onepass) == 2 * 4  # first calls + 3 rounds, each once
     assert row["within_tolerance"] and 0 < row["fp8proj_shared_err_vs_dequant"] <= 2e-3
     assert not mos[0].fused_pair.holding and not group.holding
 

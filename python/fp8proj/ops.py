@@ -101,6 +101,13 @@ def _row_view(x: torch.Tensor, op: str) -> torch.Tensor:
 
 # ---- CUDA implementations (also called directly, without the dispatcher, by the modules) ---------
 
+def _activation_outputs(like: torch.Tensor, m: int, k: int):
+    """(codes shaped like `like`, fp32 scales [K/128, ceil4(M)], ld) on like's device."""
+    ld = _ceil4(m)
+    return (torch.empty(like.shape, dtype=_E4M3, device=like.device),
+            torch.empty((k // 128, ld), dtype=_F32, device=like.device), ld)
+
+
 def _quantize_activation_cuda(x: torch.Tensor, scale_fmt: str = "ue8m0"):
     op = "quantize_activation"
     fmt = scale_format(op, scale_fmt)
@@ -108,9 +115,7 @@ def _quantize_activation_cuda(x: torch.Tensor, scale_fmt: str = "ue8m0"):
     m, k = _rows(x, op)
     _check(k % 128 == 0 and k > 0, op, f"K={k} must be a positive multiple of 128 (1x128 scale groups)")
     _check_cuda(op, x=x)
-    values = torch.empty(x.shape, dtype=_E4M3, device=x.device)
-    ld = _ceil4(m)
-    scales = torch.empty((k // 128, ld), dtype=_F32, device=x.device)
+    values, scales, ld = _activation_outputs(x, m, k)
     if m == 0:
         return values, scales
     rc = _lib.LIB.fp8proj_quantize_activation_scaled(x.data_ptr(), k, m, k, fmt, values.data_ptr(), scales.data_ptr(),
@@ -131,9 +136,7 @@ def _rmsnorm_quantize_cuda(x: torch.Tensor, weight: torch.Tensor, eps: float, sc
     _check(k % 128 == 0 and k > 0, op, f"K={k} must be a positive multiple of 128 (1x128 scale groups)")
     _check_cuda(op, x=x, weight=weight)
     _check(weight.device == x.device, op, f"weight is on {weight.device}, x on {x.device}")
-    values = torch.empty(x.shape, dtype=_E4M3, device=x.device)
-    ld = _ceil4(m)
-    scales = torch.empty((k // 128, ld), dtype=_F32, device=x.device)
+    values, scales, ld = _activation_outputs(x, m, k)
     if m == 0:
         return values, scales
     stride = x2.stride(0) if m > 1 else k
@@ -347,9 +350,7 @@ def _silu_mul_quantize_cuda(gate: torch.Tensor, up: torch.Tensor, scale_fmt: str
     _check(stride % 8 == 0, op, f"the row stride {stride} must be a multiple of 8 elements (16-byte rows)")
     _check_cuda(op, gate=gate, up=up)
     _check(gate.device == up.device, op, f"gate is on {gate.device}, up on {up.device}")
-    values = torch.empty(gate.shape, dtype=_E4M3, device=gate.device)
-    ld = _ceil4(m)
-    scales = torch.empty((k // 128, ld), dtype=_F32, device=gate.device)
+    values, scales, ld = _activation_outputs(gate, m, k)
     if m == 0:
         return values, scales
     rc = _lib.LIB.fp8proj_silu_mul_quantize(g2.data_ptr(), u2.data_ptr(), stride, m, k, fmt, values.data_ptr(),

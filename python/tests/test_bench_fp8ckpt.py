@@ -231,13 +231,28 @@ def test_summary_reports_the_pair_beside_its_modules():
     assert "counted as their pair): lowest fp8proj / bf16 at M >= 1024: 1.700x (met)" in md
 
 
+def _unfused_and_bf16(originals, names, mos):
+    """The pair's modules unfused (one SharedActivation) and as bf16 linears of the dequantized
+    weights: the other sides of a pair row."""
+    from fp8proj import bench_fp8ckpt as b
+    from fp8proj.fp8_linear import Fp8CheckpointLinear, SharedActivation
+    alt = [Fp8CheckpointLinear(originals[n], name=n + " (unfused)") for n in names]
+    group = SharedActivation()
+    for a in alt:
+        group.add(a)
+    lins = [torch.nn.Linear(m.in_features, m.out_features, bias=False).to(torch.bfloat16) for m in mos]
+    for lin, mo in zip(lins, mos):
+        with torch.no_grad():
+            lin.weight.copy_(b._dequant_w(mo.weight, mo._scales()).to(torch.bfloat16))
+    return alt, group, lins
+
+
 def test_fused_pair_row_times_the_pair_beside_it_unfused(monkeypatch):
     """patch()'s default fuses the pair: the row runs one quantization and one GEMM per call for
     fp8proj and, in the same rounds, the same two weights as an unfused pair (shared quantization,
     two GEMMs); both outputs are checked against the dequantized product."""
     from fp8proj import bench_fp8ckpt as b
     from fp8proj import fp8_linear
-    from fp8proj.fp8_linear import Fp8CheckpointLinear, SharedActivation
     from fp8proj.integrations.transformers import ALL_FP8_LINEARS, patch
     from transformers.integrations.finegrained_fp8 import FP8Linear
 
@@ -249,14 +264,7 @@ def test_fused_pair_row_times_the_pair_beside_it_unfused(monkeypatch):
     names = ["model.layers.0.self_attn.q_a_proj", "model.layers.0.self_attn.kv_a_proj_with_mqa"]
     mos = [model.get_submodule(n) for n in names]
     assert mos[0].fused_pair is mos[1].fused_pair is not None
-    alt = [Fp8CheckpointLinear(originals[n], name=n + " (unfused)") for n in names]
-    group = SharedActivation()
-    for a in alt:
-        group.add(a)
-    lins = [torch.nn.Linear(m.in_features, m.out_features, bias=False).to(torch.bfloat16) for m in mos]
-    for lin, mo in zip(lins, mos):
-        with torch.no_grad():
-            lin.weight.copy_(b._dequant_w(mo.weight, mo._scales()).to(torch.bfloat16))
+    alt, group, lins = _unfused_and_bf16(originals, names, mos)
     quantized = []
     real = fp8_linear.quantize_activation_reference
     monkeypatch.setattr(fp8_linear, "quantize_activation_reference",
@@ -287,7 +295,6 @@ def test_pair_row_with_the_input_norm_times_the_norm_on_every_side(monkeypatch):
     codes' product."""
     from fp8proj import bench_fp8ckpt as b
     from fp8proj import fp8_linear
-    from fp8proj.fp8_linear import Fp8CheckpointLinear, SharedActivation
     from fp8proj.integrations.transformers import ALL_FP8_LINEARS, patch
     from transformers.integrations.finegrained_fp8 import FP8Linear
 
@@ -300,14 +307,7 @@ def test_pair_row_with_the_input_norm_times_the_norm_on_every_side(monkeypatch):
     assert report.fused_input_norm == ["model.layers.0", "model.layers.1"]
     names = ["model.layers.0.self_attn.q_a_proj", "model.layers.0.self_attn.kv_a_proj_with_mqa"]
     mos = [model.get_submodule(n) for n in names]
-    alt = [Fp8CheckpointLinear(originals[n], name=n + " (unfused)") for n in names]
-    group = SharedActivation()
-    for a in alt:
-        group.add(a)
-    lins = [torch.nn.Linear(m.in_features, m.out_features, bias=False).to(torch.bfloat16) for m in mos]
-    for lin, mo in zip(lins, mos):
-        with torch.no_grad():
-            lin.weight.copy_(b._dequant_w(mo.weight, mo._scales()).to(torch.bfloat16))
+    alt, group, lins = _unfused_and_bf16(originals, names, mos)
     real = fp8_linear.quantize_activation_reference
     onepass = []
 

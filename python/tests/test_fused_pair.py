@@ -57,6 +57,29 @@ def x_like(shape=(2, 5, 512), seed=3, device="cpu"):
     return (torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * 2).to(BF16).to(device)
 
 
+def captured(fn):
+    """(a CUDA graph of fn, fn's outputs in it): warmed up once on a side stream, then captured."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=s):
+        out = fn()
+    return g, out
+
+
+class Attn(torch.nn.Module):
+    """The attention's use of the pair: both projections called on one input."""
+
+    def __init__(self, qa, kv):
+        super().__init__()
+        self.q_a_proj, self.kv_a_proj_with_mqa = qa, kv
+
+    def forward(self, h):
+        return self.q_a_proj(h), self.kv_a_proj_with_mqa(h)
+
+
 def close(a, b, tol=1e-2):
     return a.shape == b.shape and ((a.float() - b.float()).norm() / b.float().norm()).item() < tol
 
@@ -187,17 +210,9 @@ def test_torch_compile_traces_the_modules_apart():
     qa, kv, pair, _ = fused("cpu")
     qa.to("meta"), kv.to("meta")
 
-    class Attn(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.q_a_proj, self.kv_a_proj_with_mqa = qa, kv
-
-        def forward(self, h):
-            return self.q_a_proj(h), self.kv_a_proj_with_mqa(h)
-
     graphs = []
     x = torch.empty(2, 5, 512, dtype=BF16, device="meta")
-    yq, yk = torch.compile(Attn(), fullgraph=True,
+    yq, yk = torch.compile(Attn(qa, kv), fullgraph=True,
                            backend=lambda gm, ex: graphs.append(gm) or gm.forward)(x)
     assert yq.shape == (2, 5, 256) and yk.shape == (2, 5, 192)
     assert pair.hits == 0 and not pair.holding
@@ -362,24 +377,10 @@ def test_gpu_pair_with_its_norm_is_the_fused_pass_then_the_gemm(gpu, m):
     xn = norm(x)
     assert close(yq, pq(xn), 3e-2) and close(yk, pk(xn), 3e-2)
     # torch.compile (the members run apart, each behind the fused pass) and a CUDA graph: the same bits.
-    class Attn(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.q_a_proj, self.kv_a_proj_with_mqa = qa, kv
-
-        def forward(self, h):
-            return self.q_a_proj(h), self.kv_a_proj_with_mqa(h)
-
-    cq, ck = torch.compile(Attn(), fullgraph=True)(x)
+    cq, ck = torch.compile(Attn(qa, kv), fullgraph=True)(x)
     d = (cq.float() - yq.float()).abs()
     assert (d <= 2 ** -7 * yq.float().abs() + 1e-6).all()  # N = 256 alone may pick another split-K order
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        qa(x), kv(x)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, stream=s):
-        gq, gk = qa(x), kv(x)
+    g, (gq, gk) = captured(lambda: (qa(x), kv(x)))
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(gq, yq) and torch.equal(gk, yk)
@@ -391,13 +392,7 @@ def test_gpu_fused_pair_in_a_cuda_graph(gpu):
     for mod in (qa, kv):
         mod.prepare()
     x = torch.randn(256, 512, dtype=BF16, device="cuda")
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        qa(x), kv(x)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, stream=s):
-        yq, yk = qa(x), kv(x)
+    g, (yq, yk) = captured(lambda: (qa(x), kv(x)))
     assert not pair.holding
     for seed in (1, 2):
         x.copy_(torch.randn(256, 512, generator=torch.Generator().manual_seed(seed)).to(BF16))

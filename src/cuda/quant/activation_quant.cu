@@ -66,6 +66,24 @@ __device__ __forceinline__ uint32_t mul2(uint32_t a, uint32_t b) {
   return bf16x2_rn(bf16_lo(a) * bf16_lo(b), bf16_hi(a) * bf16_hi(b));
 }
 
+// A thread's 16 columns of its rows first_row, first_row + 8, ... (zeros past M or K), all loads
+// issued before the first use.
+__device__ __forceinline__ void load_rows(const bf16* __restrict__ src, int64_t stride, int64_t first_row, int64_t m,
+                                          int64_t col, bool col_ok, uint32_t (&w)[kRowsPerWarp][kWordsPerLane]) {
+#pragma unroll
+  for (int i = 0; i < kRowsPerWarp; ++i) {
+    const int64_t row = first_row + i * kWarps;
+    uint4 a = make_uint4(0, 0, 0, 0), b = a;
+    if (row < m && col_ok) {
+      const uint4* p = reinterpret_cast<const uint4*>(src + row * stride + col);
+      a = __ldg(p);
+      b = __ldg(p + 1);
+    }
+    w[i][0] = a.x, w[i][1] = a.y, w[i][2] = a.z, w[i][3] = a.w;
+    w[i][4] = b.x, w[i][5] = b.y, w[i][6] = b.z, w[i][7] = b.w;
+  }
+}
+
 // kSiluMul: x is the gate, `up` the up projection, both rows `stride` elements apart; else x is
 // dense (stride == k) and `up` unused.
 template <ScaleMode kMode, bool kSiluMul>
@@ -84,18 +102,7 @@ __global__ void __launch_bounds__(kThreads)
   if (release_early) pdl_launch_dependents();
 
   uint32_t w[kRowsPerWarp][kWordsPerLane];
-#pragma unroll
-  for (int i = 0; i < kRowsPerWarp; ++i) {
-    const int64_t row = row0 + warp + i * kWarps;
-    uint4 a = make_uint4(0, 0, 0, 0), b = a;
-    if (row < m && col_ok) {
-      const uint4* p = reinterpret_cast<const uint4*>(x + row * stride + col);
-      a = __ldg(p);
-      b = __ldg(p + 1);
-    }
-    w[i][0] = a.x, w[i][1] = a.y, w[i][2] = a.z, w[i][3] = a.w;
-    w[i][4] = b.x, w[i][5] = b.y, w[i][6] = b.z, w[i][7] = b.w;
-  }
+  load_rows(x, stride, row0 + warp, m, col, col_ok, w);
   if constexpr (kSiluMul) {
     // silu first, with nothing else live: the IEEE division's slow-path subroutine then needs no
     // stack (with the up loads in flight across it, ptxas saved registers to an 8-byte frame).
@@ -104,18 +111,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int j = 0; j < kWordsPerLane; ++j) w[i][j] = silu2(w[i][j]);
     uint32_t v[kRowsPerWarp][kWordsPerLane];  // every up load in flight before the first use
-#pragma unroll
-    for (int i = 0; i < kRowsPerWarp; ++i) {
-      const int64_t row = row0 + warp + i * kWarps;
-      uint4 a = make_uint4(0, 0, 0, 0), b = a;
-      if (row < m && col_ok) {
-        const uint4* p = reinterpret_cast<const uint4*>(up + row * stride + col);
-        a = __ldg(p);
-        b = __ldg(p + 1);
-      }
-      v[i][0] = a.x, v[i][1] = a.y, v[i][2] = a.z, v[i][3] = a.w;
-      v[i][4] = b.x, v[i][5] = b.y, v[i][6] = b.z, v[i][7] = b.w;
-    }
+    load_rows(up, stride, row0 + warp, m, col, col_ok, v);
 #pragma unroll
     for (int i = 0; i < kRowsPerWarp; ++i)
 #pragma unroll

@@ -423,7 +423,12 @@ def _onepass_silu_mul():
         return None, f"{type(e).__name__}: {str(e)[:160]}"
 
 
-def _mlp_point(model, bf16_mlp, mlp, dg, alt, onepass, kind, m, reps, warmup, flush) -> dict:
+def _silu_mul_codes(g, u):
+    """fp8proj's codes and scales of silu(g) * u, as GatedMLP makes them."""
+    return torch.ops.fp8proj.silu_mul_quantize(g, u, "float")
+
+
+def _mlp_point(model, bf16_mlp, mlp, dg, alt, onepass, kind, m, reps, warmup, flush, device="cuda") -> dict:
     """One row for a gated MLP as its forward calls the three projections, timed together:
     fp8proj's patched MLP (GatedMLP: gate_proj + up_proj as one FusedPair where fused, one
     silu_mul_quantize pass, down_proj's GEMM); bf16 the dequantized model's MLP (three matmuls,
@@ -434,7 +439,7 @@ def _mlp_point(model, bf16_mlp, mlp, dg, alt, onepass, kind, m, reps, warmup, fl
     fused pass over fp8proj's gate and up outputs)."""
     g_mod, u_mod, d_mod = mlp.gate_proj, mlp.up_proj, mlp.down_proj
     kk, inter = g_mod.in_features, g_mod.out_features
-    x = torch.randn(m, kk, dtype=BF16, device="cuda")
+    x = torch.randn(m, kk, dtype=BF16, device=device)
     silu = torch.nn.functional.silu
 
     def own(gate, up, down):
@@ -453,11 +458,12 @@ def _mlp_point(model, bf16_mlp, mlp, dg, alt, onepass, kind, m, reps, warmup, fl
     b_lins = (bf16_mlp.gate_proj, bf16_mlp.up_proj, bf16_mlp.down_proj)
     extra = [] if onepass is None else [lambda: b_lins[2](onepass(b_lins[0](x), b_lins[1](x)))]
     outs = [f() for f in fns + extra]
-    torch.cuda.synchronize()
+    if x.is_cuda:
+        torch.cuda.synchronize()
     r_ = min(m, 4096)
     xs = x[:r_]
     g, u = g_mod(xs), u_mod(xs)
-    xo = _dequant_x_ours(None, lambda _: torch.ops.fp8proj.silu_mul_quantize(g, u, "float"), rows=r_)
+    xo = _dequant_x_ours(None, lambda _: _silu_mul_codes(g, u), rows=r_)
     y_ref = xo @ _dequant_w(d_mod.weight, d_mod._scales()).t()
     err = _rel(outs[1][:r_], y_ref)
     err_alt = _rel(outs[len(fns) - 1][:r_], outs[1][:r_])

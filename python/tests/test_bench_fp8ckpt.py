@@ -337,6 +337,58 @@ def test_pair_row_with_the_input_norm_times_the_norm_on_every_side(monkeypatch):
     assert not mos[0].fused_pair.holding and not group.holding
 
 
+def test_mlp_row_times_the_mlp_as_its_forward_calls_it(monkeypatch):
+    """The MLP row: bf16 (eager, and with the elementwise part as one pass; the faster counts),
+    fp8proj's patched MLP, its three modules unfused in the MLP's own forward; down_proj's output
+    against the product of its own codes."""
+    from fp8proj import bench_fp8ckpt as b
+    from fp8proj.fp8_linear import Fp8CheckpointLinear, GatedMLP, quantize_activation_reference
+    from fp8proj.integrations.transformers import ALL_FP8_LINEARS, patch
+    from transformers.integrations.finegrained_fp8 import FP8Linear
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3MLP
+
+    from test_fp8_checkpoint import fp8_model
+
+    model, _ = fp8_model("float", hidden_size=512)
+    originals = {n: m for n, m in model.named_modules() if isinstance(m, FP8Linear)}
+    report = patch(model, targets=ALL_FP8_LINEARS)
+    mlp = model.model.layers[0].mlp
+    assert isinstance(vars(mlp)["forward"], GatedMLP) and report.fused_mlp
+    bf16_mlp = DeepseekV3MLP(model.config).to(torch.bfloat16)
+    names = [f"model.layers.0.mlp.{a}" for a in ("gate_proj", "up_proj", "down_proj")]
+    for a, n in zip(("gate_proj", "up_proj", "down_proj"), names):
+        mo = model.get_submodule(n)
+        with torch.no_grad():
+            getattr(bf16_mlp, a).weight.copy_(b._dequant_w(mo.weight, mo._scales()).to(torch.bfloat16))
+    alt = [Fp8CheckpointLinear(originals[n], name=n + " (unfused)") for n in names]
+    onepass = []
+
+    def one_pass(g, u):
+        onepass.append(1)
+        return torch.nn.functional.silu(g) * u
+
+    def codes(g, u):  # the CPU reference of silu_mul_quantize: the same values quantized
+        return quantize_activation_reference((torch.nn.functional.silu(g) * u).reshape(-1, g.shape[-1]), "float")
+
+    def deq_ours(x, quantize=None, rows=None):
+        q, s = quantize(x)
+        return q.float() * s.repeat_interleave(128, 1)
+
+    monkeypatch.setattr(b, "_silu_mul_codes", codes)
+    monkeypatch.setattr(b, "_dequant_x_ours", deq_ours)
+    # Round times: bf16 eager 3.0, fp8proj 1.5, unfused 1.6, bf16 with one pass 2.5.
+    monkeypatch.setattr(b, "time_rounds", lambda fns, reps, warmup, flush=None, delay_us=0.0:
+                        [f() for _ in range(reps) for f in fns] and [3.0, 1.5, 1.6, 2.5][:len(fns)])
+    with torch.no_grad():
+        row = b._mlp_point("tiny", bf16_mlp, mlp, None, alt, one_pass, "prefill", 64, 3, 0, None, device="cpu")
+    assert row["projection"] == "mlp.gate_proj+up_proj+down_proj" and row["pair"]
+    assert row["bf16_us"] == 2500.0 and row["bf16_eager_us"] == 3000.0 and row["bf16_onepass_us"] == 2500.0
+    assert row["fp8proj_us"] == 1500.0 and row["speedup_vs_bf16"] == round(2.5 / 1.5, 4)
+    assert row["fp8proj_shared_us"] == 1600.0 and row["deepgemm_us"] is None and len(onepass) == 4
+    assert row["within_tolerance"] and row["fused_vs_unfused_rel"] < 1e-2 and row["fp8proj_vs_bf16_rel"] < 0.1
+    assert "as one fused GEMM" in row["note"] and not mlp.gate_proj.fused_pair.holding
+
+
 def test_norm_fold_part_arguments_and_table(tmp_path):
     from fp8proj import bench
     a = bench.parse_args(["--out", "x", "--parts", "fp8ckpt_norm", "--norm-m", "16,4096"])

@@ -288,13 +288,16 @@ def _dequant_w(w, s):
     return w.float() * s.repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k]
 
 
-def _dequant_x_ours(x, quantize=None, rows=None):
-    """fp8proj's codes of x dequantized: quantize_activation's, or those of `quantize` (a fused
-    pass: the norm's, silu * up's; the same layout) over `rows` rows."""
+def _dequant_codes(xv, xs):
+    """e4m3 codes [M, K] and their scales [K/128, ld >= M] (the ops' layout) as fp32 values."""
+    return xv.float() * xs[:, :xv.shape[0]].t().repeat_interleave(128, dim=1)
+
+
+def _dequant_x_ours(x, quantize=None):
+    """fp8proj's codes of x dequantized: quantize_activation's, or those of `quantize` (the fused
+    norm's pass, the same layout)."""
     from fp8proj import ops
-    xv, xs = ops.quantize_activation(x, "float") if quantize is None else quantize(x)
-    m = x.shape[0] if rows is None else rows
-    return xv.float() * xs[:, :m].t().repeat_interleave(128, dim=1)
+    return _dequant_codes(*(ops.quantize_activation(x, "float") if quantize is None else quantize(x)))
 
 
 def _dequant_x_deepgemm(x, cast):
@@ -423,9 +426,9 @@ def _onepass_silu_mul():
         return None, f"{type(e).__name__}: {str(e)[:160]}"
 
 
-def _silu_mul_codes(g, u):
-    """fp8proj's codes and scales of silu(g) * u, as GatedMLP makes them."""
-    return torch.ops.fp8proj.silu_mul_quantize(g, u, "float")
+def _dequant_silu_mul(g, u):
+    """fp8proj's codes of silu(g) * u, as GatedMLP makes them, dequantized."""
+    return _dequant_codes(*torch.ops.fp8proj.silu_mul_quantize(g, u, "float"))
 
 
 def _mlp_point(model, bf16_mlp, mlp, dg, alt, onepass, kind, m, reps, warmup, flush, device="cuda") -> dict:
@@ -463,7 +466,7 @@ def _mlp_point(model, bf16_mlp, mlp, dg, alt, onepass, kind, m, reps, warmup, fl
     r_ = min(m, 4096)
     xs = x[:r_]
     g, u = g_mod(xs), u_mod(xs)
-    xo = _dequant_x_ours(None, lambda _: _silu_mul_codes(g, u), rows=r_)
+    xo = _dequant_silu_mul(g, u)
     y_ref = xo @ _dequant_w(d_mod.weight, d_mod._scales()).t()
     err = _rel(outs[1][:r_], y_ref)
     err_alt = _rel(outs[len(fns) - 1][:r_], outs[1][:r_])

@@ -39,7 +39,9 @@ quantization and one GEMM over both, the other takes its columns of that output.
 from __future__ import annotations
 
 import ctypes
+import inspect
 import logging
+import re
 from typing import List, Optional, Tuple
 
 import torch
@@ -498,12 +500,12 @@ class FusedPair(_OneInputGroup):
 
     def run(self, member: "Fp8CheckpointLinear", x: torch.Tensor, kernel: bool) -> Optional[torch.Tensor]:
         """member's output through the pair, or None where the member should run alone."""
-        if not _sharing_allowed(x):  # before intact(): Dynamo cannot trace its data_ptr() checks
-            return None
-        if not self.intact():
-            return None
+        # lookup() first: it says None under torch.compile, where intact()'s data_ptr() checks
+        # cannot be traced.
         key, y = self.lookup(member.name, x, kernel, member.in_features)
-        if key is None or y is not None:
+        if key is None or not self.intact():
+            return None
+        if y is not None:
             return y
         xq, q = x, None  # x itself is the key the other member's call is matched by
         if self.norm is not None:
@@ -756,8 +758,6 @@ def gated_mlp_skip_reason(mlp: nn.Module) -> str:
     act = getattr(mlp, "act_fn", None)
     if not isinstance(act, nn.SiLU) and type(act).__name__ not in ("SiLUActivation", "SiLU"):
         return f"act_fn is a {type(act).__name__}, not SiLU"
-    import inspect  # noqa: PLC0415
-    import re  # noqa: PLC0415
     try:
         src = inspect.getsource(inspect.unwrap(type(mlp).forward))
     except (OSError, TypeError):

@@ -367,15 +367,11 @@ def test_mlp_row_times_the_mlp_as_its_forward_calls_it(monkeypatch):
         onepass.append(1)
         return torch.nn.functional.silu(g) * u
 
-    def codes(g, u):  # the CPU reference of silu_mul_quantize: the same values quantized
-        return quantize_activation_reference((torch.nn.functional.silu(g) * u).reshape(-1, g.shape[-1]), "float")
-
-    def deq_ours(x, quantize=None, rows=None):
-        q, s = quantize(x)
+    def deq_silu_mul(g, u):  # the CPU reference of silu_mul_quantize's codes, dequantized
+        q, s = quantize_activation_reference((torch.nn.functional.silu(g) * u).reshape(-1, g.shape[-1]), "float")
         return q.float() * s.repeat_interleave(128, 1)
 
-    monkeypatch.setattr(b, "_silu_mul_codes", codes)
-    monkeypatch.setattr(b, "_dequant_x_ours", deq_ours)
+    monkeypatch.setattr(b, "_dequant_silu_mul", deq_silu_mul)
     # Round times: bf16 eager 3.0, fp8proj 1.5, unfused 1.6, bf16 with one pass 2.5.
     monkeypatch.setattr(b, "time_rounds", lambda fns, reps, warmup, flush=None, delay_us=0.0:
                         [f() for _ in range(reps) for f in fns] and [3.0, 1.5, 1.6, 2.5][:len(fns)])

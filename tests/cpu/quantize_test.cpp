@@ -260,11 +260,19 @@ TEST(SiluMul, TwoBf16RoundingsThenTheQuantization) {
   EXPECT_NO_THROW(cpu::silu_mul_quantize(nullptr, nullptr, k, 0, k, {nullptr, nullptr, 0, k, 0}));
 }
 
+// Rows x, a norm weight g and y = cpu::rmsnorm(x) * g, for the fused-quantization tests.
+struct NormedRows {
+  std::vector<bf16> x, g, y;
+  NormedRows(int64_t m, int64_t k, uint32_t seed)
+      : x(random_bf16(m * k, seed, 2.0f)), g(random_bf16(k, seed + 1)), y(static_cast<size_t>(m * k)) {
+    cpu::rmsnorm(x.data(), k, g.data(), kRmsNormEps, m, k, y.data());
+  }
+};
+
 TEST(RmsNorm, FusedQuantizeEqualsNormThenQuantize) {
   const int64_t m = 5, k = 1536;
-  const auto x = random_bf16(m * k, 13, 2.0f), g = random_bf16(k, 14);
-  std::vector<bf16> y(m * k);
-  cpu::rmsnorm(x.data(), k, g.data(), kRmsNormEps, m, k, y.data());
+  const NormedRows rows(m, k, 13);
+  const auto &x = rows.x, &g = rows.g, &y = rows.y;
   HostFp8Activation a = make_host_fp8_activation(m, k), b = make_host_fp8_activation(m, k);
   cpu::quantize_activation(y.data(), m, k, a.out());
   cpu::rmsnorm_quantize(x.data(), k, g.data(), kRmsNormEps, m, k, b.out());
@@ -277,9 +285,8 @@ TEST(RmsNorm, FusedQuantizeEqualsNormThenQuantize) {
 // codes are e4m3(x / scale); the default stays UE8M0.
 TEST(RmsNorm, FusedQuantizeTakesTheFloatScaleFormat) {
   const int64_t m = 3, k = 512;
-  const auto x = random_bf16(m * k, 15, 2.0f), g = random_bf16(k, 16);
-  std::vector<bf16> y(m * k);
-  cpu::rmsnorm(x.data(), k, g.data(), kRmsNormEps, m, k, y.data());
+  const NormedRows rows(m, k, 15);
+  const auto &x = rows.x, &g = rows.g, &y = rows.y;
   HostFp8Activation f = make_host_fp8_activation(m, k), u = make_host_fp8_activation(m, k);
   cpu::rmsnorm_quantize(x.data(), k, g.data(), kRmsNormEps, m, k, f.out(), ScaleMode::fp32);
   cpu::rmsnorm_quantize(x.data(), k, g.data(), kRmsNormEps, m, k, u.out());

@@ -37,9 +37,9 @@ void check_norm_args(const bf16* weight, float eps) {
   check_aligned(weight, "RMSNorm weight");
 }
 
-// Strided rmsnorm input: every row must start on a 16-byte boundary too.
-void check_row_stride(int64_t x_stride, int64_t k) {
-  FP8PROJ_CHECK(x_stride >= k && x_stride % 8 == 0, "rmsnorm input row stride must be >= K=", k,
+// Strided input rows: every row must start on a 16-byte boundary too.
+void check_row_stride(int64_t x_stride, int64_t k, const char* what = "rmsnorm input") {
+  FP8PROJ_CHECK(x_stride >= k && x_stride % 8 == 0, what, " row stride must be >= K=", k,
                 " and a multiple of 8 elements (16 bytes), got ", x_stride);
 }
 
@@ -102,8 +102,7 @@ class DeviceQuantOps final : public QuantOps {
     check_rows(m);
     check_aligned(gate, "silu_mul_quantize gate");
     check_aligned(up, "silu_mul_quantize up");
-    FP8PROJ_CHECK(stride >= k && stride % 8 == 0, "silu_mul_quantize row stride must be >= K=", k,
-                  " and a multiple of 8 elements (16 bytes), got ", stride);
+    check_row_stride(stride, k, "silu_mul_quantize");
     check_activation_out(out);
     gpu::launch_silu_mul_quant(gate, up, stride, m, k, out, mode, as_cuda(stream));
   }

@@ -13,7 +13,7 @@ from fp8proj.fp8_linear import Fp8CheckpointLinear, FusedPair, GatedMLP, gated_m
 pytest.importorskip("transformers.integrations.finegrained_fp8", reason="transformers without fine-grained FP8")
 from transformers.integrations.finegrained_fp8 import FP8Linear  # noqa: E402
 
-from test_fp8_checkpoint import fp8_model, quantize_like_transformers  # noqa: E402
+from test_fp8_checkpoint import fp8_model  # noqa: E402
 
 BF16, E4M3 = torch.bfloat16, torch.float8_e4m3fn
 HAVE_GPU = fp8proj.cuda_status()[0]
@@ -181,6 +181,20 @@ def test_gpu_fused_mlp_matches_the_module_by_module_forward(gpu, m):
                                    mlp.gate_proj.fused_pair.scales)), "float")
     assert torch.equal(y, torch.ops.fp8proj.fp8_gemm(*q, d.weight, d._scales()))  # exactly the pass, then the GEMM
     assert "silu(gate) * up quantized in one pass" in fused.explain(m)
+
+
+@torch.no_grad()
+def test_gpu_fused_mlp_takes_batch_and_sequence_dims(gpu):
+    # A decoder layer calls its MLP on [batch, seq, hidden]: the output keeps that shape and each
+    # row equals the same MLP over the flattened rows.
+    model, mlp = _gpu_mlp()
+    _taken(mlp)
+    FusedPair(mlp.gate_proj, mlp.up_proj)
+    fused = GatedMLP(mlp, name="mlp")
+    x = torch.randn(2, 33, 512, dtype=BF16, device="cuda")
+    y = fused(x)
+    assert y.shape == (2, 33, 512) and fused.fused_calls == 1
+    assert torch.equal(y.reshape(66, 512), fused(x.reshape(66, 512)))
 
 
 @torch.no_grad()

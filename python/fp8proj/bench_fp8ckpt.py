@@ -838,7 +838,7 @@ def summarize(proj_rows, model_rows, memories) -> list:
     if called:
         lo_big = min((r["speedup_vs_bf16"] for r in called if r["m"] >= 1024), default=float("nan"))
         lo_all = min(r["speedup_vs_bf16"] for r in called)
-        md.append(f"- as the attention calls them" + (" (q_a_proj and kv_a_proj_with_mqa counted as their pair)"
+        md.append("- as the attention calls them" + (" (q_a_proj and kv_a_proj_with_mqa counted as their pair)"
                                                        if pairs else "") +
                   f": lowest fp8proj / bf16 at M >= 1024: {lo_big:.3f}x ({'met' if lo_big >= 1.6 else 'MISSED'}); "
                   f"lowest anywhere: {lo_all:.3f}x ({'met' if lo_all >= 1.0 else 'MISSED'})")

@@ -5,7 +5,6 @@ times is valid transformers usage. The timing itself needs the H200."""
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest

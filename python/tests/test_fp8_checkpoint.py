@@ -5,8 +5,6 @@ patch(), run without the `kernels` package, put back exactly by unpatch(); the f
 against the fp64 product of independently dequantized operands (numpy + ml_dtypes); the
 activation rule against transformers' own two rules; torch.compile tracing. The same modules on
 a Hopper GPU run fp8proj's kernels (python/tests/test_gpu.py)."""
-import math
-import types
 
 import ml_dtypes
 import numpy as np

@@ -3,7 +3,6 @@ the gapped columns, the check of the attention's own expand_kv, patch()/unpatch(
 GPU the FP8 route against the class's expand_kv, in a CUDA graph and under torch.compile."""
 import pytest
 import torch
-import torch.nn.functional as F
 
 from conftest import tiny_deepseek_v3_config
 

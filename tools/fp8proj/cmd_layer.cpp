@@ -49,6 +49,7 @@ struct LayerArgs {
   int reps = 0;
   bool no_flush = false;
   bool no_decode = false;
+  bool no_prefill = false;
   bool fuse_attention_quant = false;
   bool cpu = false;
   std::string weight_scales = "ue8m0";  // the flag-on blocks' FP8 copies: one block per format
@@ -298,11 +299,15 @@ void run_layer(const LayerArgs& a) {
     ActivationWorkspace ws_q(space, round_up(t_max, 4), round_up(cfg.q_in_dim(), 128), true);
     const QuantOps& ops = quant_ops(space);
 
-    fmt::print("\nprefill, C sequences x {} tokens (block time; q_b+o = share of q_b_proj + o_proj stages; w scl = "
-               "scale format of the flag-on block's FP8 weight copies)\n", L);
-    fmt::print("  {:>4} {:>7} {:>9} {:>10} {:>10} {:>8} {:>9} {:>9} {:>10} {:>10} {:>10} {:>8} {:>9}  {}\n", "C",
-               "tokens", "w scl", "off ms", "on ms", "speedup", "q_b+o off", "q_b+o on", "o-quant us", "qa-nq us",
-               "qa-norm us", "quant %", "attn TF/s", "path qkv_a/q_b/kv_b/o");
+    if (a.no_prefill) {
+      fmt::print("\nprefill: not timed (--no-prefill; one untimed prefill of {} tokens per sequence fills the caches)\n", L);
+    } else {
+      fmt::print("\nprefill, C sequences x {} tokens (block time; q_b+o = share of q_b_proj + o_proj stages; w scl = "
+                 "scale format of the flag-on block's FP8 weight copies)\n", L);
+      fmt::print("  {:>4} {:>7} {:>9} {:>10} {:>10} {:>8} {:>9} {:>9} {:>10} {:>10} {:>10} {:>8} {:>9}  {}\n", "C",
+                 "tokens", "w scl", "off ms", "on ms", "speedup", "q_b+o off", "q_b+o on", "o-quant us", "qa-nq us",
+                 "qa-norm us", "quant %", "attn TF/s", "path qkv_a/q_b/kv_b/o");
+    }
     for (int c : seqs) {
       const int64_t T = int64_t{c} * L;
       std::vector<int32_t> offsets(c + 1), start(c), pos(c, L);
@@ -332,66 +337,76 @@ void run_layer(const LayerArgs& a) {
             blk.prefill(x.data(), batch, y.data(), s);
         };
       };
-      // Off and on interleaved call by call: the H200's clock settles under its power cap
-      // within a fraction of a second of sustained load, and blocks of calls per variant would
-      // give the later block another clock.
-      std::vector<std::function<void(StreamHandle)>> runs = {prefill_of(off)};
-      for (auto& b : ons) runs.push_back(prefill_of(*b));
-      const std::vector<double> pre = time_interleaved(space, runs, topt);
-      r.off_us = pre[0];
-      auto staged = [&](MlaBlock& blk) {
-        return [&](StreamHandle s, const MlaStageHook& h) {
-          if (a.residual)
-            blk.prefill_residual(x.data(), input_norm.data<bf16>(), cfg.rms_norm_eps, batch, y.data(), s, h);
-          else
-            blk.prefill(x.data(), batch, y.data(), s, h);
+      if (a.no_prefill) {  // one untimed prefill writes the caches the decode step reads
+        prefill_of(off)(nullptr);
+        ops.synchronize(nullptr);
+      } else {
+        // Off and on interleaved call by call: the H200's clock settles under its power cap
+        // within a fraction of a second of sustained load, and blocks of calls per variant would
+        // give the later block another clock.
+        std::vector<std::function<void(StreamHandle)>> runs = {prefill_of(off)};
+        for (auto& b : ons) runs.push_back(prefill_of(*b));
+        const std::vector<double> pre = time_interleaved(space, runs, topt);
+        r.off_us = pre[0];
+        auto staged = [&](MlaBlock& blk) {
+          return [&](StreamHandle s, const MlaStageHook& h) {
+            if (a.residual)
+              blk.prefill_residual(x.data(), input_norm.data<bf16>(), cfg.rms_norm_eps, batch, y.data(), s, h);
+            else
+              blk.prefill(x.data(), batch, y.data(), s, h);
+          };
         };
-      };
-      std::vector<std::function<void(StreamHandle, const MlaStageHook&)>> staged_runs = {staged(off)};
-      for (auto& b : ons) staged_runs.push_back(staged(*b));
-      const std::vector<MlaStageTimes> st = profile_stages_interleaved(space, staged_runs, sopt);
-      r.off_stages = st[0];
-      r.o_quant_us = time_or_host(
-          space, [&](StreamHandle s) { ops.quantize_activation(attn.data(), T, cfg.o_in_dim(), ws_o.fp8(T, cfg.o_in_dim()), s); },
-          topt);
-      if (cfg.has_q_lora()) {
-        const int64_t k = cfg.q_lora_rank;
-        r.qa_normquant_us = time_or_host(
+        std::vector<std::function<void(StreamHandle, const MlaStageHook&)>> staged_runs = {staged(off)};
+        for (auto& b : ons) staged_runs.push_back(staged(*b));
+        const std::vector<MlaStageTimes> st = profile_stages_interleaved(space, staged_runs, sopt);
+        r.off_stages = st[0];
+        r.o_quant_us = time_or_host(
             space,
             [&](StreamHandle s) {
-              ops.rmsnorm_quantize(qkv.data(), cfg.qkv_a_dim(), norm_w.data(), cfg.rms_norm_eps, T, k, ws_q.fp8(T, k), s);
+              ops.quantize_activation(attn.data(), T, cfg.o_in_dim(), ws_o.fp8(T, cfg.o_in_dim()), s);
             },
             topt);
-        r.qa_norm_us = time_or_host(
-            space,
-            [&](StreamHandle s) {
-              ops.rmsnorm(qkv.data(), cfg.qkv_a_dim(), norm_w.data(), cfg.rms_norm_eps, T, k, ws_q.bf16_rows(), s);
-            },
-            topt);
-      } else {  // no q LoRA: q_proj's input x goes through the plain quantizer
-        r.qa_normquant_us = time_or_host(
-            space, [&](StreamHandle s) { ops.quantize_activation(x.data(), T, cfg.hidden, ws_o.fp8(T, cfg.hidden), s); },
-            topt);
-      }
-      for (size_t i = 0; i < ons.size(); ++i) {
-        PrefillRow ri = r;
-        ri.weight_scales = variants[i].mode;
-        ri.fused_decode_quant = variants[i].fused_decode_quant;
-        ri.variant = static_cast<int>(i);
-        ri.on_us = pre[1 + i];
-        ri.on_stages = st[1 + i];
-        const double attn_us = ri.on_stages.of(MlaStage::attention);
-        ri.attn_tflops = attn_us > 0 ? attention_flops(cfg, c, L) / (attn_us * 1e-6) / 1e12 : 0;
-        const double qbo_off = ri.off_stages.of(MlaStage::q_proj) + ri.off_stages.of(MlaStage::o_proj);
-        const double qbo_on = ri.on_stages.of(MlaStage::q_proj) + ri.on_stages.of(MlaStage::o_proj);
-        const double quant = ri.o_quant_us + ri.qa_normquant_us;
-        fmt::print("  {:>4} {:>7} {:>9} {:>10.3f} {:>10.3f} {:>8.3f} {:>9} {:>9} {:>10.1f} {:>10.1f} {:>10.1f} {:>8} "
-                   "{:>9.0f}  {}/{}/{}/{}\n",
-                   c, T, variant_label(ri), ri.off_us / 1e3, ri.on_us / 1e3, ri.off_us / ri.on_us,
-                   pct(qbo_off, ri.off_stages.total_us), pct(qbo_on, ri.on_stages.total_us), ri.o_quant_us,
-                   ri.qa_normquant_us, ri.qa_norm_us, pct(quant, ri.on_us), ri.attn_tflops, ri.qkv_path, ri.q_path,
-                   ri.kv_b_path, ri.o_path);
-        prows.push_back(std::move(ri));
+        if (cfg.has_q_lora()) {
+          const int64_t k = cfg.q_lora_rank;
+          r.qa_normquant_us = time_or_host(
+              space,
+              [&](StreamHandle s) {
+                ops.rmsnorm_quantize(qkv.data(), cfg.qkv_a_dim(), norm_w.data(), cfg.rms_norm_eps, T, k,
+                                     ws_q.fp8(T, k), s);
+              },
+              topt);
+          r.qa_norm_us = time_or_host(
+              space,
+              [&](StreamHandle s) {
+                ops.rmsnorm(qkv.data(), cfg.qkv_a_dim(), norm_w.data(), cfg.rms_norm_eps, T, k, ws_q.bf16_rows(), s);
+              },
+              topt);
+        } else {  // no q LoRA: q_proj's input x goes through the plain quantizer
+          r.qa_normquant_us = time_or_host(
+              space,
+              [&](StreamHandle s) { ops.quantize_activation(x.data(), T, cfg.hidden, ws_o.fp8(T, cfg.hidden), s); },
+              topt);
+        }
+        for (size_t i = 0; i < ons.size(); ++i) {
+          PrefillRow ri = r;
+          ri.weight_scales = variants[i].mode;
+          ri.fused_decode_quant = variants[i].fused_decode_quant;
+          ri.variant = static_cast<int>(i);
+          ri.on_us = pre[1 + i];
+          ri.on_stages = st[1 + i];
+          const double attn_us = ri.on_stages.of(MlaStage::attention);
+          ri.attn_tflops = attn_us > 0 ? attention_flops(cfg, c, L) / (attn_us * 1e-6) / 1e12 : 0;
+          const double qbo_off = ri.off_stages.of(MlaStage::q_proj) + ri.off_stages.of(MlaStage::o_proj);
+          const double qbo_on = ri.on_stages.of(MlaStage::q_proj) + ri.on_stages.of(MlaStage::o_proj);
+          const double quant = ri.o_quant_us + ri.qa_normquant_us;
+          fmt::print("  {:>4} {:>7} {:>9} {:>10.3f} {:>10.3f} {:>8.3f} {:>9} {:>9} {:>10.1f} {:>10.1f} {:>10.1f} {:>8} "
+                     "{:>9.0f}  {}/{}/{}/{}\n",
+                     c, T, variant_label(ri), ri.off_us / 1e3, ri.on_us / 1e3, ri.off_us / ri.on_us,
+                     pct(qbo_off, ri.off_stages.total_us), pct(qbo_on, ri.on_stages.total_us), ri.o_quant_us,
+                     ri.qa_normquant_us, ri.qa_norm_us, pct(quant, ri.on_us), ri.attn_tflops, ri.qkv_path, ri.q_path,
+                     ri.kv_b_path, ri.o_path);
+          prows.push_back(std::move(ri));
+        }
       }
 
       if (!a.no_decode) {
@@ -476,11 +491,14 @@ void run_layer(const LayerArgs& a) {
       }
     }
 
-    fmt::print("\nprefill stages (ms; median per stage over {} runs, flag off and on interleaved run by run, events between stages)\n", sopt.reps);
-    const std::vector<MlaStage> shown = {MlaStage::qkv_a,      MlaStage::q_proj,    MlaStage::kv_norm,
-                                         MlaStage::kv_b_proj,  MlaStage::rope_cache, MlaStage::attention,
-                                         MlaStage::o_proj};
-    print_stage_table(prows, tp, shown, 1e-3, 3);
+    if (!a.no_prefill) {
+      fmt::print("\nprefill stages (ms; median per stage over {} runs, flag off and on interleaved run by run, events "
+                 "between stages)\n", sopt.reps);
+      const std::vector<MlaStage> shown = {MlaStage::qkv_a,      MlaStage::q_proj,    MlaStage::kv_norm,
+                                           MlaStage::kv_b_proj,  MlaStage::rope_cache, MlaStage::attention,
+                                           MlaStage::o_proj};
+      print_stage_table(prows, tp, shown, 1e-3, 3);
+    }
     if (!a.no_decode) {
       fmt::print("\ndecode step, C sequences at context {} ({}; policy {})\n", L + 1,
                  gpu ? "one CUDA graph replay" : "eager, CPU", a.policy);
@@ -551,6 +569,8 @@ void run_layer(const LayerArgs& a) {
     j["policy"] = a.policy;
     j["all_dense_tagged"] = a.all_dense;
     j["residual_input"] = a.residual;
+    j["prefill"] = nlohmann::json::array();  // empty with --no-prefill
+    j["decode"] = nlohmann::json::array();   // empty with --no-decode
     auto stages_json = [](const MlaStageTimes& st) {
       nlohmann::json s = nlohmann::json::object();
       for (size_t i = 0; i < st.stages.size(); ++i) s[to_string(st.stages[i])] = st.us[i];
@@ -637,7 +657,10 @@ void register_layer(CLI::App& app) {
   cmd->add_option("--reps", args->reps, "Timed repetitions (GPU default 20, CPU 1)")
       ->transform(int_in(1, kMaxCliReps));
   cmd->add_flag("--no-flush", args->no_flush, "Do not flush L2 before timed calls");
-  cmd->add_flag("--no-decode", args->no_decode, "Skip the decode step");
+  auto* no_decode = cmd->add_flag("--no-decode", args->no_decode, "Skip the decode step");
+  cmd->add_flag("--no-prefill", args->no_prefill,
+                "Time the decode step only: one untimed prefill writes the caches it reads (no prefill rows)")
+      ->excludes(no_decode);
   cmd->add_flag("--fuse-attention-quant", args->fuse_attention_quant,
                 "The flag-on block's prefill attention writes o_proj's FP8 input in its epilogue "
                 "(MlaOptions::fuse_attention_quant) instead of the separate 1x128 pass");

@@ -11,7 +11,7 @@
 #                                               ntail layer_dense decode_policy layer_residual
 #                                               faults sanitize_all tune_dense deepgemm_ntail
 #                                               python_overhead python_tests python_bench soak
-#                                               python_fp8ckpt python_decode pdl_ab floor
+#                                               python_fp8ckpt python_decode pdl_ab layer_ab floor
 #                                               (default: info tests verify bench layer harness
 #                                               sanitize)
 # Each step has its own timeout so that one hang cannot eat the whole budget.
@@ -191,6 +191,31 @@ want pdl_ab && {
     done
   done
   python3 scripts/pdl_ab.py "$R/pdl_ab" --md "$R/pdl_ab/summary.md" --csv "$R/pdl_ab/summary.csv"
+}
+# layer_ab: this tree's `fp8proj layer` against another build's ($LAYER_AB_BASE, e.g. main's CLI
+# carried as .device/bin/fp8proj_prev), interleaved per model and round (LAYER_AB_ROUNDS, default
+# 2): the decode step (one CUDA-graph replay; every dense GEMM tagged, policy all) of DeepSeek-V3
+# and GLM-5 at TP 1 and 8, C = 16 and 64, with LAYER_AB_ARGS (default --no-prefill: the step
+# alone). scripts/layer_ab.py writes $R/layer_ab/summary.md: per point and build the medians, the
+# flag's speedup and each build's time against the base's.
+want layer_ab && {
+  mkdir -p "$R/layer_ab"
+  if [ -z "${LAYER_AB_BASE:-}" ] || [ ! -x "${LAYER_AB_BASE}" ]; then
+    log "skip layer_ab: LAYER_AB_BASE (the other build's fp8proj) is not set or not executable"
+  else
+    for round in $(seq 1 "${LAYER_AB_ROUNDS:-2}"); do
+      for model in deepseek-v3 glm5; do
+        for label in base new; do
+          bin=$FP8; [ $label = base ] && bin=$LAYER_AB_BASE
+          # shellcheck disable=SC2086  # LAYER_AB_ARGS is a list of options
+          run "layer_ab_${model}_${label}_r$round" 120 "$bin" layer --model "$model" --tp 1,8 --seqs 16,64 \
+            --seqlen 1024 --fp8-all-dense --policy all --reps 50 ${LAYER_AB_ARGS---no-prefill} \
+            --json "$R/layer_ab/layer_${model}_${label}_r$round.json" >/dev/null
+        done
+      done
+    done
+    python3 scripts/layer_ab.py "$R/layer_ab" --md "$R/layer_ab/summary.md" --csv "$R/layer_ab/summary.csv"
+  fi
 }
 # floor: where a small-M FP8 GEMM's time goes (docs/decode.md). `fp8proj floor` over every shipped
 # shape (GLM-5 and DeepSeek-V3 dense GEMMs, TP 1/2/4/8; 26 shapes) at M 1,4,16,32,64: the call

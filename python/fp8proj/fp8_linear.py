@@ -452,6 +452,7 @@ class FusedPair(_OneInputGroup):
             s[:r1].copy_(s1)
             s[r1:].copy_(s2)
         self.weight, self.scales = w, s
+        self.joint_calls = 0  # GEMMs over both weights run eagerly (tests)
         self.__dict__["norm"] = None  # the RMSNorm before both members, once fuse_norm() took it
         self.norm_eps = 0.0
         self._rows = {a.name: (0, n1, 0, r1), b.name: (n1, n1 + n2, r1, r1 + r2)}
@@ -507,17 +508,32 @@ class FusedPair(_OneInputGroup):
             return None
         if y is not None:
             return y
-        xq, q = x, None  # x itself is the key the other member's call is matched by
-        if self.norm is not None:
-            xq, q = _norm_and_quantize(self.norm, self.norm_eps, x, member.in_features, kernel)
-        fn = block_fp8_linear if kernel else block_fp8_linear_reference
-        y2 = fn(xq, self.weight, self.scales, "float", quantized=q)
-        outs = {}
-        for m in self._modules:
-            lo, hi, _, _ = self._rows[m.name]
-            outs[m.name] = y2[..., lo:hi]
+        if _version(x) < 0:
+            # An inference tensor (torch.inference_mode) keeps no version counter, so the other
+            # member's columns could not be handed on: the joint GEMM would run once per member,
+            # twice the work of the two modules apart. Each runs alone instead.
+            return None
+        outs = dict(zip(self.members, self._joint(x, kernel)))
         self.keep(member.name, x, key, {n: o for n, o in outs.items() if n != member.name})
         return outs[member.name]
+
+    def outputs(self, x: torch.Tensor, kernel: bool) -> Optional[Tuple[torch.Tensor, ...]]:
+        """Both members' outputs of one call on x (one quantization, one GEMM), in member order,
+        nothing kept: for a caller that uses both at once (GatedMLP). None where the pair fell apart."""
+        if not self.intact():
+            return None
+        return self._joint(x, kernel)
+
+    def _joint(self, x: torch.Tensor, kernel: bool) -> Tuple[torch.Tensor, ...]:
+        xq, q = x, None  # x itself is the key the other member's call is matched by
+        if self.norm is not None:
+            xq, q = _norm_and_quantize(self.norm, self.norm_eps, x, self._modules[0].in_features, kernel)
+            kernel = kernel and xq.dtype == torch.bfloat16  # the norm module ran: its output's dtype decides
+        fn = block_fp8_linear if kernel else block_fp8_linear_reference
+        y2 = fn(xq, self.weight, self.scales, "float", quantized=q)
+        if not torch.compiler.is_compiling():
+            self.joint_calls += 1
+        return tuple(y2[..., self._rows[n][0]:self._rows[n][1]] for n in self.members)
 
     def take(self, member: str, x: torch.Tensor, key: tuple):
         kept = super().take(member, x, key)
@@ -624,6 +640,9 @@ class Fp8CheckpointLinear(nn.Module):
         q = None
         if norm is not None:
             x, q = _norm_and_quantize(norm, eps, x, self.in_features, kernel)
+            # Where the norm module ran (a norm weight that is not bf16, say fp32), its output's
+            # dtype decides the path: the kernel takes bf16 rows only.
+            kernel = kernel and x.dtype == torch.bfloat16
         if q is None:
             q = self._activation(x, kernel)
         if kernel:
@@ -769,6 +788,14 @@ def gated_mlp_skip_reason(mlp: nn.Module) -> str:
     return ""
 
 
+def _hooked(*mods: nn.Module) -> bool:
+    """True where a forward hook (global, or on one of mods) would see calls that a fused path makes
+    without calling the module."""
+    g = torch.nn.modules.module
+    return bool(g._global_forward_hooks or g._global_forward_pre_hooks or
+                any(m._forward_hooks or m._forward_pre_hooks for m in mods))
+
+
 class GatedMLP:
     """mlp.forward(x) = down_proj(silu(gate_proj(x)) * up_proj(x)) with the activation fused into
     down_proj's input quantization: one silu_mul_quantize pass reads gate's and up's outputs and
@@ -778,7 +805,8 @@ class GatedMLP:
     gate_proj and up_proj are one FusedPair, their outputs are the two column halves of one GEMM's
     output and the pass reads them there (one row stride). Installed on the MLP instance as its
     forward (patch(); unpatch removes it); not an nn.Module, it holds no Parameters. Calls it
-    cannot take (off the kernel path, autograd, another dtype) run the class's forward."""
+    cannot take (off the kernel path, autograd, another dtype, act_fn replaced since, a forward hook
+    on down_proj or act_fn, or a global one) run the class's forward."""
 
     def __init__(self, mlp: nn.Module, name: str):
         why = gated_mlp_skip_reason(mlp)
@@ -786,19 +814,39 @@ class GatedMLP:
             raise ValueError(f"fp8proj: {name}: {why}")
         self._mlp = mlp  # a cycle (the MLP holds this object) that the collector frees
         self._cls = type(mlp)
+        self._act = mlp.act_fn  # the SiLU checked above; another act_fn later means the class's forward
         self.name = name
         self.fused_calls = 0  # eager calls that took the fused pass (tests, explain)
 
     def _fits(self, x: torch.Tensor) -> bool:
-        d = self._mlp.down_proj
+        """The fused pass takes this call: down_proj on the kernel path, bf16 CUDA rows, no autograd, the
+        act_fn checked at install, and no forward hook that the pass would skip (down_proj's and act_fn's
+        are never called as modules there)."""
+        mlp = self._mlp
+        d = mlp.down_proj
         return (isinstance(d, Fp8CheckpointLinear) and d.uses_fp8_kernel and x.dtype == torch.bfloat16 and x.is_cuda
-                and not (torch.is_grad_enabled() and x.requires_grad) and d.pre_norm is None)
+                and not (torch.is_grad_enabled() and x.requires_grad) and d.pre_norm is None
+                and mlp.act_fn is self._act and not _hooked(d, self._act))
+
+    def _gate_up(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """gate_proj(x) and up_proj(x): where the two are one FusedPair, one GEMM whose two column
+        halves they are, called here directly -- the pair's hand-over from one member's call to the
+        other's needs a version counter, which inference tensors (torch.inference_mode) lack."""
+        mlp = self._mlp
+        gate, up = mlp.gate_proj, mlp.up_proj
+        pair = getattr(gate, "fused_pair", None)
+        if (pair is not None and pair._modules[0] is gate and pair._modules[1] is up and gate.uses_fp8_kernel
+                and not torch.compiler.is_compiling() and not _hooked(gate, up)):
+            both = pair.outputs(x, kernel=True)
+            if both is not None:
+                return both
+        return gate(x), up(x)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         mlp = self._mlp
         if not self._fits(x):
             return self._cls.forward(mlp, x)
-        g, u = mlp.gate_proj(x), mlp.up_proj(x)
+        g, u = self._gate_up(x)
         inter = g.shape[-1]
         g2, u2 = g.reshape(-1, inter), u.reshape(-1, inter)  # views: a pair's halves keep their row stride
         if g2.stride() != u2.stride() or g2.stride(-1) != 1:

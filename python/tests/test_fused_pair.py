@@ -206,6 +206,43 @@ def test_autograd_and_a_moved_weight_run_the_modules_apart(count_quantizations):
     assert "no longer" in qa.explain(16)
 
 
+def test_inference_tensors_run_the_modules_apart(count_quantizations):
+    # No version counter under torch.inference_mode: the other member's columns could not be handed
+    # on, so the joint GEMM would run once per member. Each member runs alone on its own rows.
+    qa, kv, pair, (pq, pk) = fused()
+    with torch.inference_mode():
+        x = x_like()
+        yq, yk = qa(x), kv(x)
+    assert x.is_inference() and pair.hits == 0 and pair.joint_calls == 0 and not pair.holding
+    assert len(count_quantizations) == 2
+    with torch.no_grad():
+        assert close(yq, pq(x), 1e-5) and close(yk, pk(x), 1e-5)
+
+
+def test_a_norm_whose_output_is_not_bf16_takes_the_torch_path(monkeypatch):
+    # An fp32 norm weight: the norm module runs (rmsnorm_quantize takes bf16 weights) and its fp32
+    # output goes the torch way, not into the kernel's bf16-only quantizer. The kernel path is
+    # forced on here; any call into the kernel's ops fails the test.
+    def no_kernel(*args, **kwargs):
+        raise AssertionError("the kernel path got the norm's fp32 output")
+
+    monkeypatch.setattr(fp8_linear, "block_fp8_linear", no_kernel)
+    qa, kv, pair, (pq, pk) = fused()
+    norm = norm_like().float()
+    passthrough = pair.fuse_norm(norm)
+    qa._fp8 = kv._fp8 = True
+    x = x_like()
+    with torch.no_grad():
+        yq, yk = qa(passthrough(x)), kv(passthrough(x))
+        xn = norm(x)
+        assert xn.dtype == torch.float32 and pair.joint_calls == 1 and pair.hits == 1
+        assert close(yq, pq(xn), 1e-5) and close(yk, pk(xn), 1e-5)
+        solo = fused()[3][0]  # a q_a_proj alone, the same checkpoint tensors
+        solo_pass = solo.fuse_norm(norm)
+        solo._fp8 = True
+        assert close(solo(solo_pass(x)), pq(xn), 1e-5)
+
+
 def test_torch_compile_traces_the_modules_apart():
     qa, kv, pair, _ = fused("cpu")
     qa.to("meta"), kv.to("meta")

@@ -171,7 +171,8 @@ def test_gpu_fused_mlp_matches_the_module_by_module_forward(gpu, m):
     FusedPair(mlp.gate_proj, mlp.up_proj)
     fused = GatedMLP(mlp, name="mlp")
     y = fused(x)
-    assert fused.fused_calls == 1 and mlp.gate_proj.fused_pair.hits == 1
+    pair = mlp.gate_proj.fused_pair
+    assert fused.fused_calls == 1 and pair.joint_calls == 1 and pair.hits == 0  # one GEMM, called by the MLP
     # The same codes for down_proj; gate and up from one GEMM over both weights may take another
     # split-K order than apart: within a bf16 step of each output, far inside the FP8 error.
     assert ((y.float() - plain.float()).norm() / plain.float().norm()).item() < 5e-3
@@ -217,3 +218,46 @@ def test_gpu_fused_mlp_compiled_and_graphed(gpu):
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(yg, y)
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+def test_gpu_fused_mlp_runs_gate_and_up_as_one_gemm_under_either_mode(gpu, mode):
+    # Inference tensors keep no version counter, so the pair's hand-over between two member calls
+    # cannot hold; the MLP calls the pair once for both halves instead.
+    model, mlp = _gpu_mlp()
+    _taken(mlp)
+    pair = FusedPair(mlp.gate_proj, mlp.up_proj)
+    fused = GatedMLP(mlp, name="mlp")
+    x = torch.randn(40, 512, dtype=BF16, device="cuda")
+    with torch.no_grad():
+        want = fused(x)
+    with getattr(torch, mode)():
+        y = fused(fused_in := x.clone())
+        assert fused_in.is_inference() == (mode == "inference_mode")
+    assert torch.equal(y, want) and pair.joint_calls == 2 and fused.fused_calls == 2
+
+
+@torch.no_grad()
+def test_gpu_fused_mlp_steps_aside_for_hooks_and_another_act_fn(gpu):
+    model, mlp = _gpu_mlp()
+    _taken(mlp)
+    FusedPair(mlp.gate_proj, mlp.up_proj)
+    fused = GatedMLP(mlp, name="mlp")
+    x = torch.randn(24, 512, dtype=BF16, device="cuda")
+    seen = []
+    # A hook on down_proj (or act_fn) must see its call: the module-by-module forward runs.
+    h = mlp.down_proj.register_forward_hook(lambda mod, args, out: seen.append(args[0].shape))
+    y = fused(x)
+    assert seen == [(24, 1536)] and fused.fused_calls == 0
+    assert torch.equal(y, type(mlp).forward(mlp, x))
+    h.remove()
+    h = mlp.act_fn.register_forward_pre_hook(lambda mod, args: seen.append("act"))
+    fused(x)
+    assert seen[-1] == "act" and fused.fused_calls == 0
+    h.remove()
+    fused(x)
+    assert fused.fused_calls == 1
+    # act_fn replaced after the MLP was taken: the class's forward with the new act_fn.
+    mlp.act_fn = nn.GELU()
+    y = fused(x)
+    assert fused.fused_calls == 1 and torch.equal(y, type(mlp).forward(mlp, x))

@@ -233,7 +233,7 @@ TEST(SiluMul, TwoBf16RoundingsThenTheQuantization) {
   const int64_t m = 4, k = 384;
   auto gu = random_bf16(m * 2 * k, 21, 6.0f);
   gu[0] = float_to_bf16(0.0f);
-  gu[1] = float_to_bf16(-100.0f);  // silu -> -0 (exp(100) is finite in fp32: -100 / 2.7e43)
+  gu[1] = float_to_bf16(-100.0f);  // silu -> -0 (exp(100) overflows fp32: -100 / inf)
   gu[2] = float_to_bf16(100.0f);   // silu -> 100
   std::vector<bf16> y(m * k);
   cpu::silu_mul(gu.data(), gu.data() + k, 2 * k, m, k, y.data());
@@ -246,6 +246,7 @@ TEST(SiluMul, TwoBf16RoundingsThenTheQuantization) {
       EXPECT_NEAR(bf16_to_float(y[r * k + c]), want, std::fabs(want) * 0x1p-7f + 1e-30f) << r << "," << c;
     }
   EXPECT_EQ(bf16_to_float(y[0]), 0.0f);
+  EXPECT_EQ(bf16_to_float(y[1]), 0.0f);  // -0 times up: a zero of either sign, never NaN
   EXPECT_EQ(bf16_to_float(y[2]), bf16_to_float(float_to_bf16(100.0f * bf16_to_float(gu[k + 2]))));
   for (const ScaleMode mode : {ScaleMode::ue8m0, ScaleMode::fp32}) {
     HostFp8Activation a = make_host_fp8_activation(m, k), b = make_host_fp8_activation(m, k);

@@ -54,6 +54,11 @@ void copy_bytes(void* dst, MemorySpace dst_space, const void* src, MemorySpace s
   check_device_usable();
 #if FP8PROJ_WITH_CUDA
   CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
+  // cudaMemcpy from pageable host memory may return once the bytes are staged, before they reach
+  // the device, and a device-to-device cudaMemcpy does not wait at all (CUDA runtime API,
+  // "API synchronization behavior"): work queued next on a non-blocking stream (a graph replay)
+  // could read the old bytes. Waiting on the legacy stream, which ran the copy, makes it synchronous.
+  CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
 #else
   FP8PROJ_FAIL("copy to or from device memory, but this build has no CUDA");
 #endif

@@ -528,7 +528,8 @@ class FusedPair(_OneInputGroup):
         xq, q = x, None  # x itself is the key the other member's call is matched by
         if self.norm is not None:
             xq, q = _norm_and_quantize(self.norm, self.norm_eps, x, self._modules[0].in_features, kernel)
-            kernel = kernel and xq.dtype == torch.bfloat16  # the norm module ran: its output's dtype decides
+            # The norm module ran: its output's dtype and autograd state decide.
+            kernel = kernel and xq.dtype == torch.bfloat16 and not (torch.is_grad_enabled() and xq.requires_grad)
         fn = block_fp8_linear if kernel else block_fp8_linear_reference
         y2 = fn(xq, self.weight, self.scales, "float", quantized=q)
         if not torch.compiler.is_compiling():
@@ -640,9 +641,9 @@ class Fp8CheckpointLinear(nn.Module):
         q = None
         if norm is not None:
             x, q = _norm_and_quantize(norm, eps, x, self.in_features, kernel)
-            # Where the norm module ran (a norm weight that is not bf16, say fp32), its output's
-            # dtype decides the path: the kernel takes bf16 rows only.
-            kernel = kernel and x.dtype == torch.bfloat16
+            # Where the norm module ran (a norm weight that is not bf16, or one that records
+            # autograd), its output decides the path: the kernel takes bf16 rows without autograd.
+            kernel = kernel and x.dtype == torch.bfloat16 and not (torch.is_grad_enabled() and x.requires_grad)
         if q is None:
             q = self._activation(x, kernel)
         if kernel:

@@ -44,7 +44,7 @@ import statistics
 import torch
 from torch import nn
 
-from .bench_fp8ckpt import _rel, _rewind, capture_graph, time_rounds
+from .bench_fp8ckpt import _rel, _rewind, cache_kwargs, capture_graph, time_rounds
 
 BF16 = torch.bfloat16
 CONTEXT = 1024
@@ -173,14 +173,14 @@ def bench_model(name, cfg, decode, reps: int, warmup: int, log=print, device="cu
         v.set("bf16")
         cache = StaticCache(config=model.config, max_cache_len=context + 8)
         ids = torch.randint(0, cfg.vocab_size, (c, context), device=device)
-        model(input_ids=ids, past_key_values=cache, cache_position=torch.arange(context, device=device), use_cache=True)
+        model(input_ids=ids, **cache_kwargs(model, cache, torch.arange(context, device=device)))
         tok = torch.randint(0, cfg.vocab_size, (c, 1), device=device)
         pos = torch.tensor([context], device=device)
 
         def step(label):
             v.set(label)
             _rewind(cache, context)
-            return model(input_ids=tok, past_key_values=cache, cache_position=pos, use_cache=True).logits
+            return model(input_ids=tok, **cache_kwargs(model, cache, pos)).logits
 
         # The stub against the real attention on the step's own input (recorded by a pre-hook).
         # The M of each projection of layer 0, recorded on the same step.

@@ -687,6 +687,16 @@ def bench_model(name, cfg, ckpt: Path, chunks, decode, reps, warmup, log=print, 
     return proj_rows, model_rows, memory
 
 
+def cache_kwargs(model: nn.Module, cache, position: torch.Tensor) -> dict:
+    """Keyword arguments of a forward step of `model` against `cache` at `position` (the positions of
+    the step's tokens), named as this transformers names them: `cache` where the forward declares
+    it (`past_key_values` is deprecated there and goes in 5.40), else `past_key_values`.
+    cache_position is passed either way: older releases place the step's tokens by it, newer ones
+    take it among **kwargs and ignore it (see _rewind)."""
+    params = inspect.signature(type(model).forward).parameters
+    return {"cache" if "cache" in params else "past_key_values": cache, "cache_position": position, "use_cache": True}
+
+
 def _rewind(cache, length: int) -> None:
     """Every step decodes the token at position `length`: transformers' static layers write at their
     own running count (`cumulative_length`, advanced by each update, cache_position ignored), so
@@ -745,7 +755,7 @@ def decode_step(name, cfg, bf16, fp8, variants, use, c, reps, warmup, log):
         if key not in caches:  # one cache per model: the FP8 variants write the same slots
             cache = StaticCache(config=model.config, max_cache_len=L + 8)
             ids = torch.randint(0, cfg.vocab_size, (c, L), device="cuda")
-            model(input_ids=ids, past_key_values=cache, cache_position=torch.arange(L, device="cuda"), use_cache=True)
+            model(input_ids=ids, **cache_kwargs(model, cache, torch.arange(L, device="cuda")))
             caches[key] = cache
         cache = caches[key]
         tok = torch.randint(0, cfg.vocab_size, (c, 1), device="cuda")
@@ -755,7 +765,7 @@ def decode_step(name, cfg, bf16, fp8, variants, use, c, reps, warmup, log):
             if mods is not None:
                 use(mods)
             _rewind(cache, L)
-            return model(input_ids=tok, past_key_values=cache, cache_position=pos, use_cache=True).logits
+            return model(input_ids=tok, **cache_kwargs(model, cache, pos)).logits
 
         run, why = capture_graph(step)
         steps.append(run)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from conftest import tiny_deepseek_v3_config
+from fp8proj.bench_fp8ckpt import cache_kwargs
 
 pytest.importorskip("transformers.models.deepseek_v3", reason="transformers without DeepseekV3")
 
@@ -25,7 +26,7 @@ def decode_inputs(model, c=2, L=16):
     cache = StaticCache(config=model.config, max_cache_len=L + 8)
     ids = torch.randint(0, 256, (c, L))
     with torch.no_grad():
-        model(input_ids=ids, past_key_values=cache, cache_position=torch.arange(L), use_cache=True)
+        model(input_ids=ids, **cache_kwargs(model, cache, torch.arange(L)))
     return cache, torch.randint(0, 256, (c, 1)), torch.tensor([L])
 
 
@@ -51,7 +52,7 @@ def test_stub_has_the_attention_structure_and_leaves_the_rest_of_the_layer():
           layer.register_forward_pre_hook(rec("layer"), with_kwargs=True)]
     with torch.no_grad():
         _rewind(cache, L)
-        model(input_ids=tok, past_key_values=cache, cache_position=pos, use_cache=True)
+        model(input_ids=tok, **cache_kwargs(model, cache, pos))
     for h in hs:
         h.remove()
     stub = NoAttention()

@@ -91,26 +91,44 @@ def test_static_cache_decode_step_is_valid_usage():
     token per sequence at cache_position L, whose logits equal the full-sequence forward's last."""
     from transformers import DeepseekV3ForCausalLM, StaticCache
 
-    from fp8proj.bench_fp8ckpt import _rewind
+    from fp8proj.bench_fp8ckpt import _rewind, cache_kwargs
     torch.manual_seed(0)
     model = DeepseekV3ForCausalLM(tiny_deepseek_v3_config()).eval()
     c, L = 2, 24
     ids = torch.randint(0, 256, (c, L + 1))
     with torch.no_grad():
         cache = StaticCache(config=model.config, max_cache_len=L + 8)
-        model(input_ids=ids[:, :L], past_key_values=cache, cache_position=torch.arange(L), use_cache=True)
+        model(input_ids=ids[:, :L], **cache_kwargs(model, cache, torch.arange(L)))
         full = model(input_ids=ids, use_cache=False).logits[:, -1:]
         # The timed step runs many times (warm-up, capture, replays): each must decode position L
         # again, more times than the cache has spare slots.
         for _ in range(12):
             _rewind(cache, L)
-            step = model(input_ids=ids[:, L:], past_key_values=cache, cache_position=torch.tensor([L]),
-                         use_cache=True).logits
+            step = model(input_ids=ids[:, L:], **cache_kwargs(model, cache, torch.tensor([L]))).logits
             assert torch.allclose(step, full, atol=1e-4, rtol=1e-4)
         # Without the rewind the static layers' own counter runs off the end of the cache.
         with pytest.raises((IndexError, RuntimeError)):
             for _ in range(12):
-                model(input_ids=ids[:, L:], past_key_values=cache, cache_position=torch.tensor([L]), use_cache=True)
+                model(input_ids=ids[:, L:], **cache_kwargs(model, cache, torch.tensor([L])))
+
+
+def test_cache_kwargs_name_the_cache_as_the_forward_does():
+    """`cache` where the forward declares it (transformers deprecated `past_key_values` for it),
+    `past_key_values` where it does not; the position and use_cache either way."""
+    from fp8proj.bench_fp8ckpt import cache_kwargs
+
+    class Old(torch.nn.Module):
+        def forward(self, input_ids, past_key_values=None, cache_position=None, use_cache=None):
+            pass
+
+    class New(torch.nn.Module):
+        def forward(self, input_ids, cache=None, use_cache=None, **kwargs):
+            pass
+
+    pos = torch.tensor([3])
+    old, new = cache_kwargs(Old(), "C", pos), cache_kwargs(New(), "C", pos)
+    assert set(old) == {"past_key_values", "cache_position", "use_cache"} and old["past_key_values"] == "C"
+    assert set(new) == {"cache", "cache_position", "use_cache"} and new["cache"] == "C" and new["use_cache"]
 
 
 def test_summary_states_the_bars():

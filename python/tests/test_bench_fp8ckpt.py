@@ -26,7 +26,8 @@ def ckpt(tmp_path_factory):
 
 
 def read_header(path):
-    raw = open(path, "rb").read(1 << 20)
+    with open(path, "rb") as f:
+        raw = f.read(1 << 20)
     n = int.from_bytes(raw[:8], "little")
     return json.loads(raw[8:8 + n])
 

@@ -58,7 +58,8 @@ def test_both_formats_side_by_side(setup):
         # Both against bf16 on the same positions: FP8's error is far above bf16's own.
         assert em["kl_mean"] > rows["bf16"]["kl_mean"] and em["top1"] > 0.5
     assert rows["fp8 emulated (torch) [w ue8m0]"]["kl_mean"] != rows["fp8 emulated (torch) [w float]"]["kl_mean"]
-    assert len(list(csv.DictReader(open(out / "eval.csv")))) == 2 + 2 * 5
+    with open(out / "eval.csv") as f:
+        assert len(list(csv.DictReader(f))) == 2 + 2 * 5
     md = (out / "eval.md").read_text()
     assert "fp8 emulated (torch) [w float]" in md
 

@@ -161,6 +161,15 @@ def _gpu_mlp(hidden=512, inter=1536):
     return model, _mlp_of(model)
 
 
+def _gpu_fused_mlp():
+    """(model, mlp, pair, fused): layer 0's MLP on the GPU, taken, gate_proj + up_proj one pair, and
+    the GatedMLP over it (not installed as the forward)."""
+    model, mlp = _gpu_mlp()
+    _taken(mlp)
+    pair = FusedPair(mlp.gate_proj, mlp.up_proj)
+    return model, mlp, pair, GatedMLP(mlp, name="mlp")
+
+
 @torch.no_grad()
 @pytest.mark.parametrize("m", [1, 64, 4096])
 def test_gpu_fused_mlp_matches_the_module_by_module_forward(gpu, m):
@@ -188,10 +197,7 @@ def test_gpu_fused_mlp_matches_the_module_by_module_forward(gpu, m):
 def test_gpu_fused_mlp_takes_batch_and_sequence_dims(gpu):
     # A decoder layer calls its MLP on [batch, seq, hidden]: the output keeps that shape and each
     # row equals the same MLP over the flattened rows.
-    model, mlp = _gpu_mlp()
-    _taken(mlp)
-    FusedPair(mlp.gate_proj, mlp.up_proj)
-    fused = GatedMLP(mlp, name="mlp")
+    model, mlp, pair, fused = _gpu_fused_mlp()
     x = torch.randn(2, 33, 512, dtype=BF16, device="cuda")
     y = fused(x)
     assert y.shape == (2, 33, 512) and fused.fused_calls == 1
@@ -200,10 +206,8 @@ def test_gpu_fused_mlp_takes_batch_and_sequence_dims(gpu):
 
 @torch.no_grad()
 def test_gpu_fused_mlp_compiled_and_graphed(gpu):
-    model, mlp = _gpu_mlp()
-    _taken(mlp)
-    FusedPair(mlp.gate_proj, mlp.up_proj)
-    mlp.__dict__["forward"] = GatedMLP(mlp, name="mlp")
+    model, mlp, pair, fused = _gpu_fused_mlp()
+    mlp.__dict__["forward"] = fused
     x = torch.randn(96, 512, dtype=BF16, device="cuda")
     y = mlp(x)
     yc = torch.compile(mlp, fullgraph=True)(x)  # the pair apart under Dynamo: a bf16 step at most
@@ -224,10 +228,7 @@ def test_gpu_fused_mlp_compiled_and_graphed(gpu):
 def test_gpu_fused_mlp_runs_gate_and_up_as_one_gemm_under_either_mode(gpu, mode):
     # Inference tensors keep no version counter, so the pair's hand-over between two member calls
     # cannot hold; the MLP calls the pair once for both halves instead.
-    model, mlp = _gpu_mlp()
-    _taken(mlp)
-    pair = FusedPair(mlp.gate_proj, mlp.up_proj)
-    fused = GatedMLP(mlp, name="mlp")
+    model, mlp, pair, fused = _gpu_fused_mlp()
     x = torch.randn(40, 512, dtype=BF16, device="cuda")
     with torch.no_grad():
         want = fused(x)
@@ -239,10 +240,7 @@ def test_gpu_fused_mlp_runs_gate_and_up_as_one_gemm_under_either_mode(gpu, mode)
 
 @torch.no_grad()
 def test_gpu_fused_mlp_steps_aside_for_hooks_and_another_act_fn(gpu):
-    model, mlp = _gpu_mlp()
-    _taken(mlp)
-    FusedPair(mlp.gate_proj, mlp.up_proj)
-    fused = GatedMLP(mlp, name="mlp")
+    model, mlp, pair, fused = _gpu_fused_mlp()
     x = torch.randn(24, 512, dtype=BF16, device="cuda")
     seen = []
     # A hook on down_proj (or act_fn) must see its call: the module-by-module forward runs.

@@ -42,6 +42,12 @@ inline constexpr int kScaleBlock = 128;     // 1x128 activation groups, 128x128 
 inline constexpr float kWeightAmaxEps = 1e-4f;
 inline constexpr float kActAmaxEps = 1e-10f;
 
+// RMSNorm's sum of squares is accumulated in a fixed order that the CPU reference and the device
+// kernel share (quantize.hpp: cpu::rmsnorm): W "warps" of 32 lanes per row, W = 1 up to
+// K = 2048 and kRmsnormWideWarps above (a wide row read by one warp was latency-bound).
+inline constexpr int kRmsnormWideWarps = 4;
+constexpr int rmsnorm_warps_per_row(int64_t k) { return k > 2048 ? kRmsnormWideWarps : 1; }
+
 // ---- e4m3fn -------------------------------------------------------------------------------
 
 FP8PROJ_HD float e4m3_to_float(uint8_t v) {

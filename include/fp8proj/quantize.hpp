@@ -69,10 +69,12 @@ void quantize_activation(const float* x, int64_t m, int64_t k, Fp8ActivationOut 
                          ScaleMode mode = ScaleMode::ue8m0);
 
 // y = bf16((x * r) * w) with r = 1 / sqrtf(ss / K + eps). The sum of squares ss follows
-// the fixed order the GPU kernel uses, so both agree bit for bit:
-//   lane j in 0..31 accumulates, with fmaf in increasing index order, the elements of the
-//   8-element chunks c = j, j + 32, j + 64, ... (elements 8c .. 8c+7); then the 32 partial
-//   sums are combined by the butterfly s[j] += s[j ^ off] for off = 16, 8, 4, 2, 1.
+// the fixed order the GPU kernel uses, so both agree bit for bit: with W =
+// rmsnorm_warps_per_row(K) (formats.hpp: 1 up to K = 2048, else 4),
+//   lane t in 0..32W-1 accumulates, with fmaf in increasing index order, the elements of the
+//   8-element chunks c = t, t + 32W, t + 64W, ... (elements 8c .. 8c+7); each group of 32 lanes
+//   combines its partial sums by the butterfly s[j] += s[j ^ off] for off = 16, 8, 4, 2, 1; the W
+//   sums are added in order.
 // Row r of x starts at x + r * x_stride (x_stride >= k: a view into wider rows); y is dense.
 void rmsnorm(const bf16* x, int64_t x_stride, const bf16* weight, float eps, int64_t m, int64_t k,
              bf16* y);

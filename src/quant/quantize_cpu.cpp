@@ -161,18 +161,24 @@ void rmsnorm(const bf16* x, int64_t x_stride, const bf16* weight, float eps, int
   parallel_for(m, 64, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const bf16* row = x + r * x_stride;
-      float lane[32] = {};
+      const int warps = rmsnorm_warps_per_row(k), threads = 32 * warps;
+      float lane[32 * kRmsnormWideWarps] = {};
       for (int64_t c = 0; c < k / 8; ++c)
         for (int e = 0; e < 8; ++e) {
           const float v = bf16_to_float(row[c * 8 + e]);
-          lane[c % 32] = std::fma(v, v, lane[c % 32]);
+          lane[c % threads] = std::fma(v, v, lane[c % threads]);
         }
-      for (int off = 16; off >= 1; off /= 2) {
-        float next[32];
-        for (int j = 0; j < 32; ++j) next[j] = lane[j] + lane[j ^ off];
-        std::copy(next, next + 32, lane);
+      float ss = 0.0f;
+      for (int w = 0; w < warps; ++w) {
+        float* warp = lane + 32 * w;
+        for (int off = 16; off >= 1; off /= 2) {
+          float next[32];
+          for (int j = 0; j < 32; ++j) next[j] = warp[j] + warp[j ^ off];
+          std::copy(next, next + 32, warp);
+        }
+        ss = w == 0 ? warp[0] : ss + warp[0];  // the warps' sums in order
       }
-      const float r_inv = 1.0f / std::sqrt(lane[0] / static_cast<float>(k) + eps);
+      const float r_inv = 1.0f / std::sqrt(ss / static_cast<float>(k) + eps);
       for (int64_t c = 0; c < k; ++c)
         y[r * k + c] = float_to_bf16((bf16_to_float(row[c]) * r_inv) * bf16_to_float(weight[c]));
     }

@@ -393,9 +393,13 @@ TEST_P(RmsNormGpu, BitExactWithCpu) {
 
 INSTANTIATE_TEST_SUITE_P(Shapes, RmsNormGpu, ::testing::ValuesIn(kNormShapes), shape_name);
 
-// (M, K): the q_lora ranks 1536 / 2048, K above the register-cached 2048, odd M.
-const std::vector<Shape> kFusedShapes = {{1, 128},  {2, 1536},  {7, 2048},    {9, 384},    {33, 2048},
-                                         {100, 1536}, {31, 4096}, {1000, 2048}, {4097, 1536}, {3, 7168}};
+// (M, K): the q_lora ranks 1536 / 2048, K above the register-cached 2048, odd M; the hidden
+// sizes 6144 / 7168 (four warps, two rows per CTA) at M = 1, 5 and 6, whose scale pads lie in a
+// CTA of their own (M % 4 = 1 or 2).
+const std::vector<Shape> kFusedShapes = {{1, 128},    {2, 1536},  {7, 2048},   {9, 384},
+                                         {33, 2048},  {100, 1536}, {31, 4096}, {1000, 2048},
+                                         {4097, 1536}, {3, 7168},  {1, 7168},  {5, 6144},
+                                         {6, 7168}};
 
 class RmsNormQuantGpu : public GpuTest, public ::testing::WithParamInterface<Shape> {};
 

@@ -12,7 +12,8 @@
 //            columns straight out of the qkv_a rows)
 //   c_kv   = rmsnorm(qkv_a[:, q_lora : q_lora+kv_lora])   [T, kv_lora]
 //   k_rope = rope(qkv_a[:, q_lora+kv_lora :])              [T, rope], one per token (MQA)
-//   cache row of the token = [c_kv | k_rope]               [kv_lora + rope] bf16
+//   cache row of the token = [c_kv | k_rope]               [kv_lora + rope] bf16; at decode one
+//            kernel normalizes c_kv, ropes k_rope and writes the row (and the q rope part)
 //   prefill: kv = kv_b_proj(c_kv) (untagged, bf16), k = [k_nope_h | k_rope], v_h; causal
 //            attention per sequence (prefill_attention, attention.hpp)
 //   decode:  kv_b_proj absorbed: q_latent_h = q_nope_h . W_UK_h, attention over the latent
@@ -127,9 +128,9 @@ struct MlaHostWeights {
 enum class MlaStage : uint8_t {
   qkv_a,       // fused_qkv_a
   q_proj,      // q_a_layernorm + q_b_proj (or q_proj)
-  kv_norm,     // kv_a_layernorm
+  kv_norm,     // kv_a_layernorm; prefill only (decode normalizes the latent in rope_cache)
   kv_b_proj,   // prefill only
-  rope_cache,  // RoPE, latent cache write (and k for prefill)
+  rope_cache,  // RoPE, latent cache write (and k for prefill; kv_a_layernorm for decode)
   absorb_q,    // decode only: q_nope . W_UK
   attention,
   absorb_v,    // decode only: out_latent . W_UV^T

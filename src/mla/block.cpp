@@ -100,8 +100,10 @@ struct MlaBlock::Impl {
   };
   Input residual_input(const bf16* residual, const bf16* norm, float eps, const char* what) const;
   // The stages prefill and decode share: fused_qkv_a, q_a_layernorm + q_b_proj (fused with the
-  // quantization on the FP8 path), kv_a_layernorm. Leaves q in `q` and the normed latent in `kv_c`.
-  void project_inputs(const Input& in, int64_t tokens, StreamHandle stream, const MlaStageHook& hook);
+  // quantization on the FP8 path) and, with `kv_norm`, kv_a_layernorm. Leaves q in `q` and the
+  // normed latent in `kv_c`; without `kv_norm` (decode, where decode_rope normalizes the latent on
+  // its way into the cache: one launch fewer per step) kv_c is not written.
+  void project_inputs(const Input& in, int64_t tokens, bool kv_norm, StreamHandle stream, const MlaStageHook& hook);
   void prefill(const Input& in, const MlaPrefillBatch& batch, bf16* y, StreamHandle stream, const MlaStageHook& hook);
   void decode(const Input& in, const MlaDecodeBatch& batch, bf16* y, StreamHandle stream, const MlaStageHook& hook);
 };
@@ -245,7 +247,8 @@ MlaBlock::Impl::Input MlaBlock::Impl::residual_input(const bf16* residual, const
   return {residual, norm, eps};
 }
 
-void MlaBlock::Impl::project_inputs(const Input& in, int64_t tokens, StreamHandle stream, const MlaStageHook& hook) {
+void MlaBlock::Impl::project_inputs(const Input& in, int64_t tokens, bool kv_norm, StreamHandle stream,
+                                    const MlaStageHook& hook) {
   const MlaConfig& c = cfg;
   bf16* qkv = qkv_a.data<bf16>();
   const bf16* x = in.x;
@@ -259,6 +262,7 @@ void MlaBlock::Impl::project_inputs(const Input& in, int64_t tokens, StreamHandl
   else
     q_b->forward(x, tokens, q.data<bf16>(), stream);
   if (hook) hook(MlaStage::q_proj, stream);
+  if (!kv_norm) return;
   qops->rmsnorm(qkv + c.q_lora_rank, c.qkv_a_dim(), w.kv_a_norm.data<bf16>(), c.rms_norm_eps, tokens, c.kv_lora_rank,
                 kv_c.data<bf16>(), stream);
   if (hook) hook(MlaStage::kv_norm, stream);
@@ -366,7 +370,7 @@ void MlaBlock::Impl::prefill(const Input& in, const MlaPrefillBatch& batch, bf16
   bf16* kv = s.kv.data<bf16>();
   bf16* attn_out = s.attn_out.data<bf16>();
 
-  s.project_inputs(in, T, stream, hook);
+  s.project_inputs(in, T, true, stream, hook);
   s.kv_b->forward(kv_c, T, kv, stream);
   mark(MlaStage::kv_b_proj);
 
@@ -460,7 +464,8 @@ void MlaBlock::Impl::decode(const Input& in, const MlaDecodeBatch& batch, bf16* 
   bf16* kv_c = s.kv_c.data<bf16>();
   bf16* attn_out = s.attn_out.data<bf16>();
 
-  s.project_inputs(in, B, stream, hook);
+  const bool norm_in_rope = mla::decode_rope_fuses_norm(c.kv_lora_rank);
+  s.project_inputs(in, B, !norm_in_rope, stream, hook);
 
   mla::DecodeRopeArgs r;
   r.dims = s.dims;
@@ -472,7 +477,15 @@ void MlaBlock::Impl::decode(const Input& in, const MlaDecodeBatch& batch, bf16* 
   r.q_stride = c.q_dim();
   r.k_rope_raw = qkv_a + c.q_lora_rank + c.kv_lora_rank;
   r.k_rope_stride = c.qkv_a_dim();
-  r.kv_c = kv_c;
+  if (norm_in_rope) {  // kv_a_layernorm on the way into the cache
+    r.kv_c = qkv_a + c.q_lora_rank;
+    r.kv_c_stride = c.qkv_a_dim();
+    r.kv_norm = s.w.kv_a_norm.data<bf16>();
+    r.kv_norm_eps = c.rms_norm_eps;
+  } else {
+    r.kv_c = kv_c;
+    r.kv_c_stride = c.kv_lora_rank;
+  }
   r.q_rope = s.q_rope.data<bf16>();
   r.cache = s.cache.data<bf16>();
   r.cache_capacity = s.capacity;

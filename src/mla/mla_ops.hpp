@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "fp8proj/bf16.hpp"
+#include "fp8proj/formats.hpp"
 #include "fp8proj/tensor.hpp"
 
 namespace fp8proj::mla {
@@ -48,6 +49,10 @@ struct PrefillRopeArgs {
 };
 
 // Decode: roped q rope part to q_rope, the cache row of each new token, cache_len = pos + 1.
+// With kv_norm set, kv_c is kv_a_layernorm's input (the c_kv columns of fused_qkv_a's output,
+// kv_c_stride apart) and the cache row gets rmsnorm(kv_c) * kv_norm, bit for bit the separate
+// QuantOps::rmsnorm it replaces (one launch fewer per decode step). Needs
+// rmsnorm_warps_per_row(kv_lora) == 1 (kv_lora <= 2048).
 struct DecodeRopeArgs {
   RopeDims dims;
   int batch = 0;
@@ -59,10 +64,19 @@ struct DecodeRopeArgs {
   const bf16* k_rope_raw = nullptr;
   int64_t k_rope_stride = 0;
   const bf16* kv_c = nullptr;
+  int64_t kv_c_stride = 0;  // elements between rows, >= kv_lora
+  const bf16* kv_norm = nullptr;  // [kv_lora] kv_a_layernorm weight, or null: kv_c is already normalized
+  float kv_norm_eps = 0.0f;
   bf16* q_rope = nullptr;
   bf16* cache = nullptr;
   int64_t cache_capacity = 0;
 };
+
+// Whether decode_rope can take kv_a_layernorm for rows of kv_lora (DecodeRopeArgs::kv_norm).
+constexpr bool decode_rope_fuses_norm(int64_t kv_lora) { return rmsnorm_warps_per_row(kv_lora) == 1; }
+
+// kv_c's stride and the fused norm's rules, checked by both implementations.
+void check_decode_rope_kv(const DecodeRopeArgs& args);
 
 // The absorbed decode projections, one small GEMM per head:
 //   y[b, h, n] = bf16( sum_k x[b, h, k] * w[h, n, k] )   fp32 accumulation

@@ -88,6 +88,7 @@ class HostMlaOps final : public MlaOps {
 
   void decode_rope(const DecodeRopeArgs& a, StreamHandle) const override {
     const RopeDims& d = a.dims;
+    check_decode_rope_kv(a);
     const int qk = d.nope + d.rope;
     for (int b = 0; b < a.batch; ++b) {
       const int32_t pos = a.positions[b];
@@ -98,7 +99,11 @@ class HostMlaOps final : public MlaOps {
       const int64_t row = int64_t{a.cache_start[b]} + pos;
       if (row < 0 || row >= a.cache_capacity) continue;
       bf16* cr = a.cache + row * (d.kv_lora + d.rope);
-      std::memcpy(cr, a.kv_c + int64_t{b} * d.kv_lora, sizeof(bf16) * d.kv_lora);
+      const bf16* kv_c = a.kv_c + b * a.kv_c_stride;
+      if (a.kv_norm != nullptr)
+        cpu::rmsnorm(kv_c, a.kv_c_stride, a.kv_norm, a.kv_norm_eps, 1, d.kv_lora, cr);
+      else
+        std::memcpy(cr, kv_c, sizeof(bf16) * d.kv_lora);
       rope_vector(d, pos, a.k_rope_raw + b * a.k_rope_stride, cr + d.kv_lora);
     }
   }
@@ -150,6 +155,15 @@ void check_head_gemm_fp8_out(const HeadGemmArgs& a) {
   FP8PROJ_CHECK(a.y_fp8.scale_ld >= activation_scale_ld(a.rows) && a.y_fp8.scale_ld % 4 == 0,
                 "absorbed projection with FP8 output: scale stride ", a.y_fp8.scale_ld,
                 " must be a multiple of 4 and >= round_up(rows=", a.rows, ", 4)");
+}
+
+void check_decode_rope_kv(const DecodeRopeArgs& a) {
+  FP8PROJ_CHECK(a.kv_c != nullptr && a.kv_c_stride >= a.dims.kv_lora, "decode RoPE: kv_c is null or its row stride ",
+                a.kv_c_stride, " is below kv_lora ", a.dims.kv_lora);
+  if (a.kv_norm == nullptr) return;
+  FP8PROJ_CHECK(decode_rope_fuses_norm(a.dims.kv_lora), "decode RoPE: kv_a_layernorm over ", a.dims.kv_lora,
+                " columns is not fused (one warp per row takes kv_lora <= 2048); run QuantOps::rmsnorm before it");
+  FP8PROJ_CHECK(a.kv_norm_eps >= 0.0f, "decode RoPE: kv_a_layernorm eps must be >= 0, got ", a.kv_norm_eps);
 }
 
 const MlaOps& mla_ops(MemorySpace space) {

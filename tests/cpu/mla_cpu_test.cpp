@@ -328,6 +328,74 @@ TEST(MlaCpu, StridedRmsNormEqualsDense) {
   }
 }
 
+// decode_rope with kv_a_layernorm (DecodeRopeArgs::kv_norm) reads the raw latent out of
+// fused_qkv_a's rows and writes rmsnorm(c_kv) * w into the cache: bit for bit the separate norm
+// followed by the plain copy, and q_rope / cache_len unchanged. Its argument rules refuse a null
+// latent, a short stride, a negative eps and a latent too wide for one warp's order.
+TEST(MlaCpu, DecodeRopeNormEqualsSeparateNorm) {
+  const MlaConfig c = tiny_config();
+  const int H = c.heads, nope = c.qk_nope_dim, rope = c.qk_rope_dim, B = 3;
+  const int64_t kvl = c.kv_lora_rank, qkv_w = c.qkv_a_dim(), cw = kvl + rope, cap = 16;
+  const auto q = random_bf16(int64_t{B} * H * (nope + rope), 41, 1.0f), qkv = random_bf16(B * qkv_w, 42, 3.0f),
+             g = norm_weights(kvl, 43);
+  const std::vector<float> freq = c.rope_inv_freq();
+  const std::vector<int32_t> pos = {0, 5, 9}, start = {0, 4, 6};  // row 2 lands at 15, the last one
+  const float eps = 1e-6f;
+  auto run = [&](bool fused, std::vector<bf16>& cache, std::vector<bf16>& q_rope, std::vector<int32_t>& len) {
+    std::vector<bf16> kv_c(B * kvl);
+    mla::DecodeRopeArgs a;
+    a.dims = {H, nope, rope, kvl, freq.data(), c.rope_mscale()};
+    a.batch = B;
+    a.positions = pos.data();
+    a.cache_start = start.data();
+    a.cache_len = len.data();
+    a.q = q.data();
+    a.q_stride = int64_t{H} * (nope + rope);
+    a.k_rope_raw = qkv.data() + c.q_lora_rank + kvl;
+    a.k_rope_stride = qkv_w;
+    if (fused) {
+      a.kv_c = qkv.data() + c.q_lora_rank;
+      a.kv_c_stride = qkv_w;
+      a.kv_norm = g.data();
+      a.kv_norm_eps = eps;
+    } else {
+      cpu::rmsnorm(qkv.data() + c.q_lora_rank, qkv_w, g.data(), eps, B, kvl, kv_c.data());
+      a.kv_c = kv_c.data();
+      a.kv_c_stride = kvl;
+    }
+    a.q_rope = q_rope.data();
+    a.cache = cache.data();
+    a.cache_capacity = cap;
+    mla::mla_ops(MemorySpace::host).decode_rope(a, nullptr);
+  };
+  std::vector<bf16> cache_f(cap * cw, bf16::from_bits(0)), cache_s = cache_f, qr_f(int64_t{B} * H * rope), qr_s = qr_f;
+  std::vector<int32_t> len_f(B), len_s(B);
+  run(true, cache_f, qr_f, len_f);
+  run(false, cache_s, qr_s, len_s);
+  EXPECT_EQ(0, std::memcmp(cache_f.data(), cache_s.data(), cache_f.size() * 2));
+  EXPECT_EQ(0, std::memcmp(qr_f.data(), qr_s.data(), qr_f.size() * 2));
+  EXPECT_EQ(len_f, len_s);
+  EXPECT_NE(cache_f[15 * cw].bits, 0) << "the last cache row must be written";
+
+  mla::DecodeRopeArgs bad;
+  bad.dims = {H, nope, rope, kvl, freq.data(), 1.0f};
+  bad.kv_c = qkv.data();
+  bad.kv_c_stride = kvl - 8;
+  EXPECT_THROW(mla::check_decode_rope_kv(bad), Error);
+  bad.kv_c_stride = qkv_w;
+  EXPECT_NO_THROW(mla::check_decode_rope_kv(bad));
+  bad.kv_norm = g.data();
+  bad.kv_norm_eps = -1.0f;
+  EXPECT_THROW(mla::check_decode_rope_kv(bad), Error);
+  bad.kv_norm_eps = eps;
+  bad.dims.kv_lora = 4096;  // four warps' order: not fused
+  bad.kv_c_stride = 4096;
+  EXPECT_THROW(mla::check_decode_rope_kv(bad), Error);
+  bad.kv_c = nullptr;
+  bad.kv_norm = nullptr;
+  EXPECT_THROW(mla::check_decode_rope_kv(bad), Error);
+}
+
 TEST(MlaCpu, PrefillMatchesNaiveFp64) {
   CleanEnv clean;
   const MlaConfig c = tiny_config();
@@ -467,9 +535,9 @@ TEST(MlaCpu, StagesRunInOrder) {
                                          MlaStage::rope_cache, MlaStage::attention, MlaStage::o_proj}));
   seen.clear();
   block.decode(x.data(), {1, pos.data(), start.data(), 4}, y.data(), nullptr, hook);
-  EXPECT_EQ(seen, (std::vector<MlaStage>{MlaStage::qkv_a, MlaStage::q_proj, MlaStage::kv_norm, MlaStage::rope_cache,
-                                         MlaStage::absorb_q, MlaStage::attention, MlaStage::absorb_v,
-                                         MlaStage::o_proj}));
+  // kv_a_layernorm runs inside rope_cache at decode.
+  EXPECT_EQ(seen, (std::vector<MlaStage>{MlaStage::qkv_a, MlaStage::q_proj, MlaStage::rope_cache, MlaStage::absorb_q,
+                                         MlaStage::attention, MlaStage::absorb_v, MlaStage::o_proj}));
 }
 
 TEST(MlaCpu, ExplainShowsTaggedProjections) {

@@ -376,6 +376,112 @@ TEST_F(MlaKernelsGpu, RopeAndCacheMatchHost) {
   compare(to_host<bf16>(d_cache.data(), hcache.size()), hcache, "cache");
 }
 
+// decode_rope with kv_a_layernorm (the decode step's one launch for norm, RoPE and cache write):
+// the cache's c_kv columns bit for bit the separate device norm's output and the host reference's,
+// everything else bit for bit the unfused kernel's; a row past the cache's capacity and a NaN
+// latent stay confined to their own rows.
+TEST_F(MlaKernelsGpu, DecodeRopeNormEqualsSeparateNorm) {
+  for (const bool glm_like : {false, true}) {
+    const MlaConfig c = gpu_config(glm_like);
+    const int H = c.heads, nope = c.qk_nope_dim, rope = c.qk_rope_dim, B = 6;
+    const int64_t kvl = c.kv_lora_rank, qkv_w = c.qkv_a_dim(), cw = kvl + rope, cap = 64;
+    auto qkv = normal_bf16(B * qkv_w, 51, 2.0f);
+    qkv[4 * qkv_w + c.q_lora_rank + 7] = float_to_bf16(std::nanf(""));  // row 4's latent
+    const auto q = normal_bf16(int64_t{B} * H * (nope + rope), 52, 1.0f), g = near_one(kvl, 53);
+    const std::vector<float> freq = c.rope_inv_freq();
+    const std::vector<int32_t> pos = {0, 9, 30, 1, 2, 5}, start = {0, 10, 33, 61, 50, 60};  // row 3 at 62, row 5 at 65 (past cap)
+    const float eps = c.rms_norm_eps;
+    const Buffer d_qkv = to_device(qkv), d_q = to_device(q), d_g = to_device(g), d_freq = to_device(freq),
+                 d_pos = to_device(pos), d_start = to_device(start);
+
+    mla::DecodeRopeArgs a;
+    a.dims = {H, nope, rope, kvl, freq.data(), c.rope_mscale()};
+    a.batch = B;
+    a.positions = pos.data();
+    a.cache_start = start.data();
+    a.q_stride = int64_t{H} * (nope + rope);
+    a.k_rope_stride = qkv_w;
+    a.kv_c_stride = qkv_w;
+    a.kv_norm_eps = eps;
+    a.cache_capacity = cap;
+    // Host, fused.
+    std::vector<bf16> h_cache(cap * cw, bf16::from_bits(0)), h_qr(int64_t{B} * H * rope);
+    std::vector<int32_t> h_len(B);
+    mla::DecodeRopeArgs h = a;
+    h.q = q.data();
+    h.k_rope_raw = qkv.data() + c.q_lora_rank + kvl;
+    h.kv_c = qkv.data() + c.q_lora_rank;
+    h.kv_norm = g.data();
+    h.cache_len = h_len.data();
+    h.q_rope = h_qr.data();
+    h.cache = h_cache.data();
+    mla::mla_ops(MemorySpace::host).decode_rope(h, nullptr);
+
+    // Device, fused and separate (QuantOps::rmsnorm, then the plain copy).
+    struct Out {
+      Buffer cache, q_rope, len;
+    };
+    auto run = [&](bool fused) {
+      Out o{to_device(std::vector<bf16>(cap * cw, bf16::from_bits(0))), poisoned(h_qr.size() * 2), poisoned(B * 4)};
+      const Buffer kv_c = poisoned(static_cast<size_t>(B * kvl) * 2);
+      mla::DecodeRopeArgs d = a;
+      d.dims.inv_freq = d_freq.data<float>();
+      d.positions = d_pos.data<int32_t>();
+      d.cache_start = d_start.data<int32_t>();
+      d.q = d_q.data<bf16>();
+      d.k_rope_raw = d_qkv.data<bf16>() + c.q_lora_rank + kvl;
+      d.cache_len = o.len.data<int32_t>();
+      d.q_rope = o.q_rope.data<bf16>();
+      d.cache = o.cache.data<bf16>();
+      if (fused) {
+        d.kv_c = d_qkv.data<bf16>() + c.q_lora_rank;
+        d.kv_norm = d_g.data<bf16>();
+      } else {
+        quant_ops(MemorySpace::device)
+            .rmsnorm(d_qkv.data<bf16>() + c.q_lora_rank, qkv_w, d_g.data<bf16>(), eps, B, kvl, kv_c.data<bf16>(), nullptr);
+        d.kv_c = kv_c.data<bf16>();
+        d.kv_c_stride = kvl;
+      }
+      mla::mla_ops(MemorySpace::device).decode_rope(d, nullptr);
+      EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      return o;
+    };
+    const Out fused = run(true), sep = run(false);
+    const auto f_cache = to_host<bf16>(fused.cache.data(), h_cache.size());
+    EXPECT_EQ(0, std::memcmp(f_cache.data(), to_host<bf16>(sep.cache.data(), h_cache.size()).data(), h_cache.size() * 2))
+        << "cache, fused vs separate device norm, " << c.model;
+    EXPECT_EQ(0, std::memcmp(to_host<bf16>(fused.q_rope.data(), h_qr.size()).data(),
+                             to_host<bf16>(sep.q_rope.data(), h_qr.size()).data(), h_qr.size() * 2))
+        << "q_rope, " << c.model;
+    EXPECT_EQ(to_host<int32_t>(fused.len.data(), B), h_len) << "cache_len, " << c.model;
+    int64_t nan_rows = 0;
+    for (int b = 0; b < B; ++b) {
+      const int64_t row = int64_t{start[b]} + pos[b];
+      if (row >= cap) continue;
+      const bf16* got = &f_cache[row * cw];
+      const bf16* want = &h_cache[row * cw];
+      for (int64_t j = 0; j < kvl; ++j) {
+        const bool nan_got = std::isnan(bf16_to_float(got[j]));
+        ASSERT_EQ(nan_got, b == 4) << "c_kv NaN confinement, row " << b << " column " << j << ", " << c.model;
+        if (nan_got) {
+          nan_rows += j == 0;
+          continue;
+        }
+        ASSERT_EQ(got[j].bits, want[j].bits) << "c_kv vs host, row " << b << " column " << j << ", " << c.model;
+      }
+      for (int64_t j = kvl; j < cw; ++j)  // the rope part: cos/sin may round one ulp apart (RopeAndCacheMatchHost)
+        ASSERT_LE(std::abs(int(got[j].bits) - int(want[j].bits)), 1) << "k rope, row " << b << ", " << c.model;
+    }
+    EXPECT_EQ(nan_rows, 1) << "row 4's normalized latent is all NaN";
+    for (int64_t i = 0; i < int64_t(h_cache.size()); ++i) {
+      const int64_t row = i / cw;
+      bool written = false;
+      for (int b = 0; b < B; ++b) written |= row == int64_t{start[b]} + pos[b];
+      if (!written) ASSERT_EQ(f_cache[i].bits, 0) << "cache row " << row << " was not the target of any row";
+    }
+  }
+}
+
 // ---- the block -----------------------------------------------------------------------------
 
 class MlaBlockGpu : public GpuTest, public ::testing::WithParamInterface<bool> {};

@@ -526,9 +526,10 @@ void run_layer(const LayerArgs& a) {
       for (const DecodeRow& d : drows)
         if (d.tp == tp) fmt::print("{}", d.why_bf16);
       // all_reduce never runs here: the command times rank 0's share without a communicator.
-      const std::vector<MlaStage> dshown = {MlaStage::qkv_a,      MlaStage::q_proj,   MlaStage::kv_norm,
-                                            MlaStage::rope_cache, MlaStage::absorb_q, MlaStage::attention,
-                                            MlaStage::absorb_v,   MlaStage::o_proj};
+      // kv_a_layernorm runs inside rope_cache at decode (mla.hpp, MlaStage).
+      const std::vector<MlaStage> dshown = {MlaStage::qkv_a,     MlaStage::q_proj,   MlaStage::rope_cache,
+                                            MlaStage::absorb_q,  MlaStage::attention, MlaStage::absorb_v,
+                                            MlaStage::o_proj};
       fmt::print("\ndecode stages (us; the same step eager, median per stage over {} runs, flag off and on interleaved "
                  "run by run, events between stages: the total includes launch gaps a graph replay hides)\n",
                  sopt.reps);

@@ -80,7 +80,9 @@ class DeviceMlaOps final : public MlaOps {
                   "lengths or cache");
     check_vec(a.q, a.q_stride, "q");
     check_vec(a.k_rope_raw, a.k_rope_stride, "k_rope (fused_qkv_a output)");
-    check_vec(a.kv_c, a.dims.kv_lora, "kv_c");
+    check_decode_rope_kv(a);
+    check_vec(a.kv_c, a.kv_c_stride, "kv_c");
+    if (a.kv_norm != nullptr) check_vec(a.kv_norm, 0, "kv_a_layernorm weight");
     check_vec(a.q_rope, a.dims.rope, "q_rope");
     check_vec(a.cache, a.dims.kv_lora + a.dims.rope, "cache");
     gpu::launch_decode_rope(a, as_cuda(stream));

@@ -8,7 +8,9 @@
 //   cache[row, :]      <- [kv_c[t, :] | kr],  row = cache_start[b] + p  (skipped outside capacity)
 // decode_rope_kernel, sequence b at position p = positions[b]:
 //   q_rope[b, h, :]    <- rope(q[b, h, nope:], p)
-//   cache[row, :]      <- [kv_c[b, :] | rope(k_rope_raw[b, :], p)],  row = cache_start[b] + p
+//   cache[row, :]      <- [n(kv_c[b, :]) | rope(k_rope_raw[b, :], p)],  row = cache_start[b] + p,
+//                         n = rmsnorm * kv_norm where kv_norm is given (kv_a_layernorm, by one
+//                         warp in the norm kernels' order: cuda/quant/rmsnorm_row.cuh), else identity
 //   cache_len[b]       <- p + 1
 //
 // Layouts (shape : stride, elements): see src/mla/mla_ops.hpp. RoPE pairs are interleaved:
@@ -30,6 +32,7 @@
 #include "cuda/common/launch.hpp"
 #include "cuda/common/pdl.cuh"
 #include "cuda/mla/mla_kernels.hpp"
+#include "cuda/quant/rmsnorm_row.cuh"
 
 namespace fp8proj::mla::gpu {
 
@@ -143,16 +146,25 @@ __global__ void __launch_bounds__(kThreads) decode_rope_kernel(const DecodeRopeA
   const int n_q = d.heads * rv, lv = static_cast<int>(d.kv_lora / kVec);
   const int64_t row = int64_t{__ldg(a.cache_start + b)} + pos;
   const bool cache_ok = row >= 0 && row < a.cache_capacity;
-  for (int i = threadIdx.x; i < n_q + lv + rv; i += kThreads) {
+  const bf16* kv_c = a.kv_c + b * a.kv_c_stride;
+  bf16* c = a.cache + (cache_ok ? row : 0) * (d.kv_lora + d.rope);  // written only where cache_ok
+  // With kv_a_layernorm the last warp writes the c_kv part (the norm's own order, one warp per
+  // row); the loop below copies it otherwise.
+  const bool norm = a.kv_norm != nullptr;
+  if (norm && cache_ok && threadIdx.x >= kThreads - 32)
+    fp8proj::gpu::warp_rmsnorm_row(kv_c, a.kv_norm, a.kv_norm_eps, d.kv_lora, c, threadIdx.x % 32);
+  const int kv_first = norm ? lv : 0;  // the first cache vector the loop writes
+  for (int i = threadIdx.x; i < n_q + lv - kv_first + rv; i += kThreads) {
     if (i < n_q) {
       const int h = i / rv, j = i % rv;
       const uint4 v = ld16(a.q + b * a.q_stride + h * qk + d.nope + j * kVec);
       st16(a.q_rope + (int64_t{b} * d.heads + h) * d.rope + j * kVec, rope_vec(v, j * (kVec / 2), cs, sn));
     } else if (cache_ok) {
-      const int j = i - n_q;
-      bf16* c = a.cache + row * (d.kv_lora + d.rope) + j * kVec;
-      if (j < lv) st16(c, ld16(a.kv_c + int64_t{b} * d.kv_lora + j * kVec));
-      else st16(c, rope_vec(ld16(a.k_rope_raw + b * a.k_rope_stride + (j - lv) * kVec), (j - lv) * (kVec / 2), cs, sn));
+      const int j = i - n_q + kv_first;
+      if (j < lv) st16(c + j * kVec, ld16(kv_c + j * kVec));
+      else
+        st16(c + j * kVec,
+             rope_vec(ld16(a.k_rope_raw + b * a.k_rope_stride + (j - lv) * kVec), (j - lv) * (kVec / 2), cs, sn));
     }
   }
 }

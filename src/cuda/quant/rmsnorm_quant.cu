@@ -43,6 +43,7 @@
 #include "cuda/common/pdl.cuh"
 #include "cuda/quant/fp8_group_quant.cuh"
 #include "cuda/quant/quant_kernels.hpp"
+#include "cuda/quant/rmsnorm_row.cuh"
 
 namespace fp8proj::gpu {
 
@@ -53,25 +54,6 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kChunk = 8;                   // bf16 values per 16-byte load; the CPU's chunk
 constexpr int kCachedChunks = 8;            // per lane: rows of up to 32 * 8 * 8 = 2048 read once
 constexpr int kLanesPerGroup = kScaleBlock / kChunk;  // 16
-
-__device__ __forceinline__ float add_squares(const uint4& v, float ss) {
-  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {  // elements 8c .. 8c+7 in increasing order, as the CPU does
-    const float lo = bf16_lo(w[i]), hi = bf16_hi(w[i]);
-    ss = fmaf(lo, lo, ss);
-    ss = fmaf(hi, hi, ss);
-  }
-  return ss;
-}
-
-// bf16((x * r) * w) for the 8 values of one chunk, packed two per word.
-__device__ __forceinline__ void normalize(const uint4& xv, const uint4& wv, float r, uint32_t (&y)[4]) {
-  const uint32_t xw[4] = {xv.x, xv.y, xv.z, xv.w}, ww[4] = {wv.x, wv.y, wv.z, wv.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-    y[i] = bf16x2_rn((bf16_lo(xw[i]) * r) * bf16_lo(ww[i]), (bf16_hi(xw[i]) * r) * bf16_hi(ww[i]));
-}
 
 // Where a row's results go: y for the plain norm; q and the CTA's shared scale tile
 // ([K/128][kRowsPerCta]) for the fused kernel.
@@ -134,8 +116,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
     for (int64_t c = t + int64_t{kRowThreads} * kCachedChunks; c < chunks; c += kRowThreads)
       ss = add_squares(__ldg(xr + c), ss);
-#pragma unroll
-    for (int off = 16; off >= 1; off /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+    ss = warp_sum_butterfly(ss);
   }
   if constexpr (kWarpsPerRow > 1) {  // the row's warps' sums, added in warp order
     if (lane == 0) warp_sums[warp] = ss;
@@ -146,7 +127,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
 
   if (live) {
-    const float r = 1.0f / sqrtf(ss / static_cast<float>(k) + eps);
+    const float r = rms_inverse(ss, k, eps);
 #pragma unroll
     for (int i = 0; i < kCachedChunks; ++i) {
       if (int64_t{kRowThreads} * i >= chunks) break;  // warp-uniform

@@ -281,6 +281,10 @@ class MlaBlock {
 class MlaDecodeGraph {
  public:
   MlaDecodeGraph(MlaBlock& block, const bf16* x, const MlaDecodeBatch& batch, bf16* y);
+  // The step of decode_residual(): x is the residual stream, the decoder layer's input_layernorm
+  // (norm_weight, eps) runs inside the captured step.
+  MlaDecodeGraph(MlaBlock& block, const bf16* residual, const bf16* norm_weight, float eps, const MlaDecodeBatch& batch,
+                 bf16* y);
   ~MlaDecodeGraph();
   MlaDecodeGraph(const MlaDecodeGraph&) = delete;
   MlaDecodeGraph& operator=(const MlaDecodeGraph&) = delete;
@@ -289,6 +293,7 @@ class MlaDecodeGraph {
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
+  void capture(MlaBlock& block, const MlaDecodeBatch& batch, const std::function<void(StreamHandle)>& step);
 };
 
 // Per-stage times of block forwards, for the layer benchmark. `run(stream, hook)` must call

@@ -703,6 +703,9 @@ struct MlaDecodeGraph::Impl {};
 MlaDecodeGraph::MlaDecodeGraph(MlaBlock&, const bf16*, const MlaDecodeBatch&, bf16*) {
   FP8PROJ_FAIL("MlaDecodeGraph needs a CUDA build and a GPU");
 }
+MlaDecodeGraph::MlaDecodeGraph(MlaBlock&, const bf16*, const bf16*, float, const MlaDecodeBatch&, bf16*) {
+  FP8PROJ_FAIL("MlaDecodeGraph needs a CUDA build and a GPU");
+}
 MlaDecodeGraph::~MlaDecodeGraph() = default;
 void MlaDecodeGraph::replay(StreamHandle) { FP8PROJ_FAIL("MlaDecodeGraph needs a CUDA build and a GPU"); }
 #endif

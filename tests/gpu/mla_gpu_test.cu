@@ -831,6 +831,62 @@ TEST_P(MlaBlockGpu, ResidualEntryMatchesNormThenBlock) {
   }
 }
 
+// The decode step from the residual stream captured in a graph (the decoder layer's input
+// RMSNorm inside it, fused with fused_qkv_a's quantization on the FP8 path): replays equal the
+// eager decode_residual bit for bit, two tokens in a row without re-capture.
+TEST_P(MlaBlockGpu, ResidualDecodeGraphReplayEqualsEager) {
+  const MlaConfig c = gpu_config(GetParam());
+  const HostTensors t = make_tensors(c, 95);
+  const Batch b = make_batch({15, 3, 40});
+  const int B = b.num_seqs();
+  const int64_t hidden = c.hidden;
+  const auto x = normal_bf16(b.tokens() * hidden, 96, 1.0f), r1 = normal_bf16(B * hidden, 97, 3.0f),
+             r2 = normal_bf16(B * hidden, 98, 3.0f), g = near_one(hidden, 99);
+  std::vector<int32_t> pos2 = b.lens;
+  for (auto& p : pos2) p += 1;
+  const Buffer d_x = to_device(x), d_off = to_device(b.offsets), d_start = to_device(b.cache_start), d_g = to_device(g);
+  Buffer d_pos = to_device(b.lens), d_in = to_device(r1);
+  for (bool fp8 : {false, true}) {
+    MlaOptions o = options(fp8);
+    o.fp8_fused_qkv_a = fp8;
+    o.residual_input = true;
+    MlaBlock dev(MemorySpace::device, c, t.view(), o);
+    Buffer d_prefill_y(MemorySpace::device, static_cast<size_t>(b.tokens() * hidden) * 2);
+    dev.prefill(d_x.data<bf16>(), {B, d_off.data<int32_t>(), d_start.data<int32_t>(), b.offsets.data()},
+                d_prefill_y.data<bf16>());
+    const MlaDecodeBatch batch{B, d_pos.data<int32_t>(), d_start.data<int32_t>(), 128};
+    const float eps = c.rms_norm_eps;
+    Buffer d_eager = poisoned(static_cast<size_t>(B * hidden) * 2), d_graph = poisoned(static_cast<size_t>(B * hidden) * 2);
+    auto set_step = [&](const std::vector<int32_t>& pos, const std::vector<bf16>& res) {
+      copy_bytes(d_pos.data(), MemorySpace::device, pos.data(), MemorySpace::host, B * 4);
+      copy_bytes(d_in.data(), MemorySpace::device, res.data(), MemorySpace::host, res.size() * 2);
+    };
+    auto eager = [&] {
+      dev.decode_residual(d_in.data<bf16>(), d_g.data<bf16>(), eps, batch, d_eager.data<bf16>());
+      EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      return to_host<bf16>(d_eager.data(), static_cast<size_t>(B * hidden));
+    };
+    const CudaStream stream;
+    auto replay = [&](MlaDecodeGraph& graph) {
+      fill_bytes(MemorySpace::device, d_graph.data(), d_graph.bytes(), 0xff);
+      graph.replay(stream.handle());
+      stream.sync();
+      return to_host<bf16>(d_graph.data(), static_cast<size_t>(B * hidden));
+    };
+    set_step(b.lens, r1);
+    const auto eager1 = eager();
+    MlaDecodeGraph graph(dev, d_in.data<bf16>(), d_g.data<bf16>(), eps, batch, d_graph.data<bf16>());
+    const auto graph1 = replay(graph);
+    EXPECT_EQ(non_finite(graph1), 0) << "fp8=" << fp8;
+    EXPECT_EQ(0, std::memcmp(graph1.data(), eager1.data(), eager1.size() * 2)) << "step 1, fp8=" << fp8;
+    set_step(pos2, r2);  // the next token: new positions and inputs in the same buffers, no re-capture
+    const auto graph2 = replay(graph);
+    const auto eager2 = eager();
+    EXPECT_EQ(0, std::memcmp(graph2.data(), eager2.data(), eager2.size() * 2)) << "step 2, fp8=" << fp8;
+    EXPECT_GT(rel_error(graph2, graph1), 0.05) << "step 2 should differ from step 1 (new token, new length)";
+  }
+}
+
 // Programmatic dependent launch (FP8PROJ_PDL) changes when the decode step's kernels start,
 // never what they compute: PDL on and off give bitwise equal outputs, eagerly (several steps in
 // a row) and as a captured graph replayed several times, on the bf16 path and with every dense

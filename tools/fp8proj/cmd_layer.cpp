@@ -45,7 +45,7 @@ struct LayerArgs {
   int seqlen = 0;
   std::string policy = "prefill";
   bool all_dense = false;  // also fused_qkv_a and kv_b_proj on the gated FP8 path
-  bool residual = false;   // prefill from the residual stream: input RMSNorm inside fused_qkv_a's input pass
+  bool residual = false;   // prefill and decode from the residual stream: input RMSNorm inside fused_qkv_a's input pass
   int reps = 0;
   bool no_flush = false;
   bool no_decode = false;
@@ -447,27 +447,37 @@ void run_layer(const LayerArgs& a) {
         std::vector<Tensor> y_on;
         y_on.push_back(std::move(y_dec));
         for (size_t i = 1; i < ons.size(); ++i) y_on.push_back(random_bf16(space, c_max, cfg.hidden, 12 + i, 1.0f));
+        // --residual: the step starts from the residual stream, the decoder layer's input RMSNorm
+        // inside it on both paths (decode_residual), as prefill above.
+        auto decode_of = [&](MlaBlock& blk, bf16* out) {
+          return [&blk, out, &x, &db, &input_norm, &cfg, &a](StreamHandle s, const MlaStageHook& h) {
+            if (a.residual)
+              blk.decode_residual(x.data(), input_norm.data<bf16>(), cfg.rms_norm_eps, db, out, s, h);
+            else
+              blk.decode(x.data(), db, out, s, h);
+          };
+        };
+        std::vector<std::function<void(StreamHandle, const MlaStageHook&)>> staged_steps = {decode_of(off, y.data())};
+        for (size_t i = 0; i < ons.size(); ++i) staged_steps.push_back(decode_of(*ons[i], y_on[i].data()));
         std::vector<double> t;
         if (gpu) {
+          auto graph_of = [&](MlaBlock& blk, bf16* out) {
+            return a.residual
+                       ? std::make_unique<MlaDecodeGraph>(blk, x.data(), input_norm.data<bf16>(), cfg.rms_norm_eps, db, out)
+                       : std::make_unique<MlaDecodeGraph>(blk, x.data(), db, out);
+          };
           std::vector<std::unique_ptr<MlaDecodeGraph>> graphs;
-          graphs.push_back(std::make_unique<MlaDecodeGraph>(off, x.data(), db, y.data()));
-          for (size_t i = 0; i < ons.size(); ++i)
-            graphs.push_back(std::make_unique<MlaDecodeGraph>(*ons[i], x.data(), db, y_on[i].data()));
+          graphs.push_back(graph_of(off, y.data()));
+          for (size_t i = 0; i < ons.size(); ++i) graphs.push_back(graph_of(*ons[i], y_on[i].data()));
           std::vector<std::function<void(StreamHandle)>> replays;
           for (auto& g : graphs) replays.push_back([gp = g.get()](StreamHandle s) { gp->replay(s); });
           t = time_interleaved(space, replays, topt);
           d.graph = true;
         } else {
-          std::vector<std::function<void(StreamHandle)>> steps = {[&](StreamHandle) { off.decode(x.data(), db, y.data()); }};
-          for (size_t i = 0; i < ons.size(); ++i)
-            steps.push_back([&, i](StreamHandle) { ons[i]->decode(x.data(), db, y_on[i].data()); });
+          std::vector<std::function<void(StreamHandle)>> steps;
+          for (auto& st : staged_steps) steps.push_back([&st](StreamHandle s) { st(s, {}); });
           t = time_interleaved(space, steps, topt);
         }
-        std::vector<std::function<void(StreamHandle, const MlaStageHook&)>> staged_steps = {
-            [&](StreamHandle s, const MlaStageHook& h) { off.decode(x.data(), db, y.data(), s, h); }};
-        for (size_t i = 0; i < ons.size(); ++i)
-          staged_steps.push_back(
-              [&, i](StreamHandle s, const MlaStageHook& h) { ons[i]->decode(x.data(), db, y_on[i].data(), s, h); });
         const std::vector<MlaStageTimes> dst = profile_stages_interleaved(space, staged_steps, sopt);
         d.off_stages = dst[0];
         ops.synchronize(nullptr);
@@ -653,8 +663,9 @@ void register_layer(CLI::App& app) {
                 "Flag on also tags fused_qkv_a and kv_b_proj (MlaOptions::fp8_fused_qkv_a / fp8_kv_b_proj): every "
                 "dense GEMM of the block on the gated FP8 path");
   cmd->add_flag("--residual", args->residual,
-                "Prefill from the residual stream (MlaBlock::prefill_residual): both blocks run the input RMSNorm, "
-                "the flag-on one fused with fused_qkv_a's 1x128 quantization when that is on its FP8 path");
+                "Prefill and decode from the residual stream (MlaBlock::prefill_residual / decode_residual): both "
+                "blocks run the decoder layer's input RMSNorm, the flag-on one fused with fused_qkv_a's 1x128 "
+                "quantization when that is on its FP8 path");
   cmd->add_option("--reps", args->reps, "Timed repetitions (GPU default 20, CPU 1)")
       ->transform(int_in(1, kMaxCliReps));
   cmd->add_flag("--no-flush", args->no_flush, "Do not flush L2 before timed calls");

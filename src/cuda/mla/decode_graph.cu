@@ -25,6 +25,17 @@ struct MlaDecodeGraph::Impl {
 
 MlaDecodeGraph::MlaDecodeGraph(MlaBlock& block, const bf16* x, const MlaDecodeBatch& batch, bf16* y)
     : impl_(std::make_unique<Impl>()) {
+  capture(block, batch, [&](StreamHandle s) { block.decode(x, batch, y, s); });
+}
+
+MlaDecodeGraph::MlaDecodeGraph(MlaBlock& block, const bf16* residual, const bf16* norm_weight, float eps,
+                               const MlaDecodeBatch& batch, bf16* y)
+    : impl_(std::make_unique<Impl>()) {
+  capture(block, batch, [&](StreamHandle s) { block.decode_residual(residual, norm_weight, eps, batch, y, s); });
+}
+
+void MlaDecodeGraph::capture(MlaBlock& block, const MlaDecodeBatch& batch,
+                             const std::function<void(StreamHandle)>& step) {
   check_device_usable();
   FP8PROJ_CHECK(block.space() == MemorySpace::device, block.options().name,
                 ": MlaDecodeGraph captures device work; this block lives on the host");
@@ -32,10 +43,11 @@ MlaDecodeGraph::MlaDecodeGraph(MlaBlock& block, const bf16* x, const MlaDecodeBa
   Impl& s = *impl_;
   CUDA_CHECK(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
   // One eager step first: anything a backend sets up lazily on its first call for this M
-  // happens outside the capture. It writes the same cache rows the graph will.
-  block.decode(x, batch, y, s.stream);
+  // happens outside the capture (and argument errors surface here, not inside a capture). It
+  // writes the same cache rows the graph will.
+  step(s.stream);
   CUDA_CHECK(cudaStreamSynchronize(s.stream));
-  gpu::capture_graph(s.stream, [&] { block.decode(x, batch, y, s.stream); }, &s.graph, &s.exec);
+  gpu::capture_graph(s.stream, [&] { step(s.stream); }, &s.graph, &s.exec);
 }
 
 MlaDecodeGraph::~MlaDecodeGraph() = default;

@@ -87,6 +87,7 @@ class HostMlaOps final : public MlaOps {
   }
 
   void decode_rope(const DecodeRopeArgs& a, StreamHandle) const override {
+    if (a.batch == 0) return;  // a no-op, arguments unchecked, as on the device
     const RopeDims& d = a.dims;
     check_decode_rope_kv(a);
     const int qk = d.nope + d.rope;

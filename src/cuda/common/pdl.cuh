@@ -17,9 +17,10 @@
 //      start. We trigger right after the wait: at that point every CTA of this grid is resident
 //      (a CTA triggers only once it runs), so the dependents fill SMs this grid leaves free.
 //      Except a kernel whose dependent is a GEMM of one-SM CTAs (the activation quantizer, the
-//      absorbed value projection writing o_proj's FP8 input) when its grid holds more than a
-//      quarter of the SMs: the GEMM released then started split around it and lost more than
-//      it gained, so it triggers after its stores (launch.hpp, release_dependents_early).
+//      fused RMSNorm + quantization, the absorbed value projection writing o_proj's FP8 input)
+//      when its grid holds more than a quarter of the SMs: the GEMM released then started split
+//      around it and lost more than it gained, so it triggers after its stores (launch.hpp,
+//      release_dependents_early).
 // Without the launch attribute (FP8PROJ_PDL=0) both instructions are no-ops: the same kernels
 // serve both modes. In SASS, griddepcontrol.wait is ACQBULK and launch_dependents PREEXIT
 // (nvdisasm, CUDA 13; tests/kernels/check_kernels.py checks they are present).

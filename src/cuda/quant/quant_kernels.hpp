@@ -30,7 +30,8 @@ void launch_rmsnorm(const bf16* x, int64_t x_stride, const bf16* w, float eps, i
 // quantize_activation(rmsnorm(x), mode) in one pass. k % 128 == 0, k <= kMaxRmsnormQuantK.
 void launch_rmsnorm_quant(const bf16* x, int64_t x_stride, const bf16* w, float eps, int64_t m,
                           int64_t k, const Fp8ActivationOut& out, ScaleMode mode, cudaStream_t stream);
-// The fused kernel stages a CTA's scales (K/128 x its rows) in shared memory: 16 KB at this K.
+// The fused kernel stages a CTA's scales (K/128 x its rows) in shared memory: 4 KB at this K
+// (four warps per row, two rows a CTA).
 inline constexpr int64_t kMaxRmsnormQuantK = 65536;
 
 // w[n, k] -> out (128x128 blocks, scales in `mode`'s format, eps kWeightAmaxEps), any n, k.

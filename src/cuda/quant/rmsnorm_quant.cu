@@ -22,7 +22,8 @@
 //   q     [M, K] : [K, 1]   e4m3; scales [K/128, ld] : [ld, 1], M-contiguous, pads
 //                           [M, round_up(M, 4)) written as 1.0f (see activation_quant.cu)
 //
-// Launch: 256 threads per CTA, W warps per row, 8 / W rows per CTA, grid ceil(M / (8 / W)).
+// Launch: 256 threads per CTA, W warps per row, 8 / W rows per CTA, grid ceil(M / (8 / W)) (the
+// fused kernel: ceil(round_up(M, 4) / (8 / W)), its scale pads included).
 //   - The reduction order above fixes the work split: W warps per row, thread t on chunks t mod
 //     32W. Each thread keeps up to 8 chunks in registers (K <= 2048 with one warp: the q_lora
 //     ranks 1536 and 2048 of DeepSeek-V3 and GLM-5; K <= 8192 with four: the hidden sizes 6144
@@ -89,7 +90,8 @@ __device__ __forceinline__ void emit_chunk(const uint4& xv, const bf16* __restri
 template <bool kQuantize, int kWarpsPerRow, ScaleMode kMode = ScaleMode::ue8m0>
 __global__ void __launch_bounds__(kThreads, 2)
     rmsnorm_kernel(const bf16* __restrict__ x, int64_t x_stride, const bf16* __restrict__ w, float eps, int64_t m,
-                   int64_t k, bf16* __restrict__ y, uint8_t* __restrict__ q, float* __restrict__ scales, int64_t ld) {
+                   int64_t k, bf16* __restrict__ y, uint8_t* __restrict__ q, float* __restrict__ scales, int64_t ld,
+                   bool release_early) {
   constexpr int kRowsPerCta = kWarps / kWarpsPerRow;
   constexpr int kRowThreads = 32 * kWarpsPerRow;
   extern __shared__ float tile_scales[];  // [K/128][kRowsPerCta], fused kernel only
@@ -101,7 +103,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int64_t row = row0 + slot;
   const int64_t chunks = k / kChunk;
   const RowOut out{y, q, tile_scales};
-  pdl_wait_then_release();  // x comes from the kernel before (cuda/common/pdl.cuh)
+  pdl_wait();  // x comes from the kernel before (cuda/common/pdl.cuh)
+  if (release_early) pdl_launch_dependents();
 
   const bool live = row < m;  // warp-uniform
   const uint4* xr = reinterpret_cast<const uint4*>(x + (live ? row : 0) * x_stride);
@@ -152,6 +155,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       if (rr < rows_written) scales[g * ld + rr] = rr < m ? tile_scales[e] : 1.0f;
     }
   }
+  pdl_launch_dependents();  // where release_early did not already (the first call counts)
 }
 
 }  // namespace
@@ -162,21 +166,29 @@ template <bool kQuantize, int kWarpsPerRow>
 void launch_rows(const bf16* x, int64_t x_stride, const bf16* w, float eps, int64_t m, int64_t k, bf16* y,
                  const Fp8ActivationOut* out, ScaleMode mode, cudaStream_t stream) {
   constexpr int kRowsPerCta = kWarps / kWarpsPerRow;
-  // The fused kernel's scale tile: 16 KB at K = 65536 with one warp per row, 4 KB with four.
+  // The fused kernel's scale tile, [K/128][8 / W] floats: 4 KB at the largest K (65536, four warps per row).
   const size_t smem = kQuantize ? static_cast<size_t>(k / kScaleBlock) * kRowsPerCta * sizeof(float) : 0;
   // The fused kernel also writes the scale pads [m, round_up(m, 4)): with two rows per CTA they
   // can lie past the CTA of row m - 1 (m % 4 = 1 or 2; m = 5: pads 5..7, CTAs of rows 4-5 and 6-7).
   const int64_t rows = kQuantize ? round_up(m, 4) : m;
-  const LaunchShape shape{dim3(static_cast<unsigned>(ceil_div(rows, kRowsPerCta))), dim3(kThreads), smem, stream};
-  if constexpr (!kQuantize)
+  const int64_t ctas = ceil_div(rows, kRowsPerCta);
+  const LaunchShape shape{dim3(static_cast<unsigned>(ctas)), dim3(kThreads), smem, stream};
+  if constexpr (!kQuantize) {
     launch_kernel(shape, rmsnorm_kernel<false, kWarpsPerRow>, x, x_stride, w, eps, m, k, y, nullptr, nullptr,
-                  int64_t{0});
-  else if (mode == ScaleMode::ue8m0)
-    launch_kernel(shape, rmsnorm_kernel<true, kWarpsPerRow, ScaleMode::ue8m0>, x, x_stride, w, eps, m, k, nullptr,
-                  out->values, out->scales, out->scale_ld);
-  else
-    launch_kernel(shape, rmsnorm_kernel<true, kWarpsPerRow, ScaleMode::fp32>, x, x_stride, w, eps, m, k, nullptr,
-                  out->values, out->scales, out->scale_ld);
+                  int64_t{0}, true);
+  } else {
+    // Under PDL the fused kernel's dependent is an FP8 GEMM of one-SM CTAs: released right after the
+    // wait only from a small grid, else after the stores, as the activation quantizer
+    // (release_dependents_early). Four warps per row make two rows a CTA: more than a quarter of
+    // 132 SMs from M = 65 at K > 2048, where one warp per row reached that at M = 265.
+    const bool release_early = release_dependents_early(ctas);
+    if (mode == ScaleMode::ue8m0)
+      launch_kernel(shape, rmsnorm_kernel<true, kWarpsPerRow, ScaleMode::ue8m0>, x, x_stride, w, eps, m, k, nullptr,
+                    out->values, out->scales, out->scale_ld, release_early);
+    else
+      launch_kernel(shape, rmsnorm_kernel<true, kWarpsPerRow, ScaleMode::fp32>, x, x_stride, w, eps, m, k, nullptr,
+                    out->values, out->scales, out->scale_ld, release_early);
+  }
 }
 
 template <bool kQuantize>

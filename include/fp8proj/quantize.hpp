@@ -84,10 +84,11 @@ void rmsnorm(const bf16* x, int64_t x_stride, const bf16* weight, float eps, int
 void rmsnorm_quantize(const bf16* x, int64_t x_stride, const bf16* weight, float eps, int64_t m,
                       int64_t k, Fp8ActivationOut out, ScaleMode mode = ScaleMode::ue8m0);
 
-// y = bf16(bf16(silu(gate)) * up), silu(g) = g / (1 + expf(-g)) in fp32: PyTorch's bf16
+// y = bf16(bf16(silu(gate)) * up), silu(g) = g / (1 + exp(-g)) in fp32: PyTorch's bf16
 // act_fn(gate) * up (two roundings). Rows of gate and up are `stride` >= k elements apart; y is
-// dense [m, k]. The device's expf and the host's may differ in the last bit of fp32, so the two
-// agree bit for bit except where that moves a bf16 rounding (tests/gpu counts them).
+// dense [m, k]. exp is fp8proj's own (src/quant/silu_exact.hpp, within ~1.5 ulp), the same bits on
+// host and device, so the CPU reference and the GPU kernel agree bit for bit; against a library
+// expf (PyTorch's silu) bf16(silu(g)) may differ by one step for the few gates near a tie.
 void silu_mul(const bf16* gate, const bf16* up, int64_t stride, int64_t m, int64_t k, bf16* y);
 
 // quantize_activation(silu_mul(gate, up), mode).

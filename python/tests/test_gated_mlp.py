@@ -142,11 +142,15 @@ def test_gpu_op_quantizes_what_eager_silu_times_up_gives(gpu, fmt, m, k):
     g, u = gu[:, :k], gu[:, k:]
     v, s = ops.silu_mul_quantize(g, u, fmt)
     ev, es = _eager(g, u, fmt)
-    # The same expf as PyTorch's silu kernel: expected bit for bit; a last-bit exp difference
-    # could move one bf16 rounding, so at most a handful of codes may differ (and say how many).
-    bad = (v.view(torch.uint8) != ev.view(torch.uint8)).sum().item()
+    # fp8proj's own exp (the CPU reference's bits) against PyTorch's expf: the bf16 silu agrees
+    # except where a last-bit exp difference moves a rounding near a tie (a handful of the 65,536
+    # bf16 gates, if any), so at most a few codes may differ, and a group's scale only where one of
+    # its codes does.
+    diff = v.view(torch.uint8) != ev.view(torch.uint8)
+    bad = diff.sum().item()
     assert bad <= m * k // 65536, f"{bad} of {m * k} codes differ from eager silu(gate) * up"
-    assert torch.equal(s[:, :m], es[:, :m]) or bad > 0
+    group_diff = diff.view(m, k // 128, 128).any(-1).t()  # [K/128, M], as the scales
+    assert torch.equal(s[:, :m][~group_diff], es[:, :m][~group_diff])
     v2, s2 = ops.silu_mul_quantize(g.contiguous(), u.contiguous(), fmt)  # dense tensors: the same bits
     assert torch.equal(v.view(torch.uint8), v2.view(torch.uint8)) and torch.equal(s[:, :m], s2[:, :m])
     if m > 2:

@@ -6,6 +6,7 @@
 #include "fp8proj/error.hpp"
 #include "fp8proj/formats.hpp"
 #include "fp8proj/quantize.hpp"
+#include "quant/silu_exact.hpp"
 
 namespace fp8proj {
 
@@ -203,7 +204,7 @@ void silu_mul(const bf16* gate, const bf16* up, int64_t stride, int64_t m, int64
     for (int64_t r = begin; r < end; ++r)
       for (int64_t c = 0; c < k; ++c) {
         const float g = bf16_to_float(gate[r * stride + c]);
-        const float s = bf16_to_float(float_to_bf16(g / (1.0f + std::exp(-g))));
+        const float s = bf16_to_float(float_to_bf16(detail::silu_exact(g)));
         y[r * k + c] = float_to_bf16(s * bf16_to_float(up[r * stride + c]));
       }
   });

@@ -7,6 +7,7 @@
 
 #include "fp8proj/error.hpp"
 #include "fp8proj/quantize.hpp"
+#include "quant/silu_exact.hpp"
 #include "test_util.hpp"
 
 namespace fp8proj {
@@ -229,6 +230,49 @@ TEST(RmsNorm, MatchesFp64WithinBf16Rounding) {
 // silu(g) = g / (1 + exp(-g)) rounded to bf16, times up, rounded again: PyTorch's bf16
 // act_fn(gate) * up. Checked value by value against that formula in double (both roundings
 // applied), then fused == silu_mul then quantize, for two halves of one [M, 2K] buffer too.
+// silu_exact (the exp both the CPU reference and the GPU kernel use) over every bf16 gate: within
+// 3 fp32 ulps of silu in double (1.76 at worst), and bf16(silu_exact(g)) the correctly rounded
+// bf16 of the double value except where that value lies within those 3 ulps of a bf16 tie (none
+// is off now). The special values as g / (1 + expf(-g)) gives them.
+TEST(SiluMul, SiluExactOverEveryBf16Gate) {
+  // How far |v| lies from the nearest bf16 rounding tie (the midpoint of the two bf16 around it).
+  auto tie_distance = [](double v) {
+    const uint32_t lo = float_bits(static_cast<float>(std::fabs(v))) & 0xffff0000u;
+    return std::fabs(std::fabs(v) - (static_cast<double>(bits_float(lo)) + bits_float(lo + 0x10000u)) / 2);
+  };
+  int64_t finite = 0, near_tie = 0, bf16_off = 0;
+  for (uint32_t i = 0; i < 65536; ++i) {
+    const float g = bf16_to_float(bf16::from_bits(static_cast<uint16_t>(i)));
+    if (!std::isfinite(g)) continue;
+    ++finite;
+    // Where silu is subnormal (|g| < 2^-125: exactly g / 2, ties included) or exp(-g) overflows
+    // fp32 (g < -88.7: -0, as any fp32 g / (1 + expf(-g))), ulps of the true value say nothing.
+    if (std::fabs(g) < 0x1p-125f || g < -88.0f) continue;
+    const float s = detail::silu_exact(g);
+    const double want = static_cast<double>(g) / (1.0 + std::exp(-static_cast<double>(g)));
+    const double ulp = std::ldexp(1.0, std::max(std::ilogb(static_cast<float>(want)), -126) - 23);
+    ASSERT_LE(std::fabs(s - want), 3 * ulp) << "g = " << g << ": silu_exact " << s << ", silu " << want;
+    const bool tie_close = tie_distance(want) <= 3 * ulp;
+    near_tie += tie_close;
+    if (float_to_bf16(s).bits != float_to_bf16(static_cast<float>(want)).bits) {
+      ++bf16_off;
+      EXPECT_TRUE(tie_close) << "g = " << g << ": bf16(silu_exact) is off away from a tie";
+    }
+  }
+  EXPECT_EQ(finite, 65536 - 2 * 128);  // the exponent-255 patterns: +-inf and the NaNs
+  EXPECT_LE(bf16_off, near_tie);
+  EXPECT_LE(near_tie, 16) << "a handful of gates lie near a tie (3 now), not thousands";
+  EXPECT_EQ(detail::silu_exact(0.0f), 0.0f);
+  EXPECT_EQ(detail::silu_exact(-100.0f), 0.0f);  // -100 / inf = -0
+  EXPECT_TRUE(std::signbit(detail::silu_exact(-100.0f)));
+  EXPECT_EQ(detail::silu_exact(100.0f), 100.0f);  // 1 + exp(-100) rounds to 1
+  EXPECT_EQ(detail::silu_exact(INFINITY), INFINITY);
+  EXPECT_TRUE(std::isnan(detail::silu_exact(-INFINITY)));
+  EXPECT_TRUE(std::isnan(detail::silu_exact(NAN)));
+  EXPECT_EQ(detail::exp_for_silu(0.0f), 1.0f);
+  EXPECT_EQ(detail::exp_for_silu(88.8f), INFINITY);
+}
+
 TEST(SiluMul, TwoBf16RoundingsThenTheQuantization) {
   const int64_t m = 4, k = 384;
   auto gu = random_bf16(m * 2 * k, 21, 6.0f);

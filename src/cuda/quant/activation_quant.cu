@@ -30,9 +30,9 @@
 // device-to-device copy of the same number of bytes (target >= 75%).
 //
 // The same kernel quantizes a gated MLP's activation where it is made (launch_silu_mul_quant):
-// x = bf16(bf16(silu(gate)) * up), silu(g) = g / (1 + expf(-g)) in fp32 -- the two bf16 roundings
-// of act_fn(gate) * up in bf16 eager PyTorch, kept so the fused pass quantizes the values the
-// unfused one would. gate and up are [M, K] row views with one row stride (the two column halves
+// x = bf16(bf16(silu(gate)) * up), silu(g) = g / (1 + exp(-g)) in fp32 (quant/silu_exact.hpp: the
+// CPU reference's bits) -- the two bf16 roundings of act_fn(gate) * up in bf16 eager PyTorch, kept
+// so the fused pass quantizes the values the unfused one would. gate and up are [M, K] row views with one row stride (the two column halves
 // of one [M, 2K] GEMM output, or two dense [M, K] tensors); reads 4MK bytes instead of the
 // separate passes' 2 + 2 + 4 + 2 + 2 (silu, mul, quantization).
 #include "core/cuda_check.hpp"
@@ -41,6 +41,7 @@
 #include "cuda/common/pdl.cuh"
 #include "cuda/quant/fp8_group_quant.cuh"
 #include "cuda/quant/quant_kernels.hpp"
+#include "quant/silu_exact.hpp"
 
 namespace fp8proj::gpu {
 
@@ -60,8 +61,9 @@ static_assert(kGroupsPerTile * kTileRows <= kThreads, "one thread per scale in t
 
 // bf16(silu(g)) for the two values packed in a word, and the product of two packed bf16 pairs
 // rounded to bf16.
-__device__ __forceinline__ float silu(float g) { return g / (1.0f + expf(-g)); }
-__device__ __forceinline__ uint32_t silu2(uint32_t g) { return bf16x2_rn(silu(bf16_lo(g)), silu(bf16_hi(g))); }
+__device__ __forceinline__ uint32_t silu2(uint32_t g) {
+  return bf16x2_rn(detail::silu_exact(bf16_lo(g)), detail::silu_exact(bf16_hi(g)));
+}
 __device__ __forceinline__ uint32_t mul2(uint32_t a, uint32_t b) {
   return bf16x2_rn(bf16_lo(a) * bf16_lo(b), bf16_hi(a) * bf16_hi(b));
 }

@@ -5,8 +5,10 @@
 made it: `base` for $LAYER_AB_BASE, `new` for this tree's):
 
   layer_<m>_<label>_r<r>.json     `fp8proj layer --json`: "decode" rows (model, tp, seqs, off_us,
-                                  on_us, weight_scales, decode_quant) and "prefill" rows (off_us,
-                                  on_us); "residual_input" at the top
+                                  on_us, weight_scales, decode_quant; with --decode-layers N also
+                                  decode_layers, layers_off_us, layers_on_us: a point of kind
+                                  "decode xN" of its own) and "prefill" rows (off_us, on_us);
+                                  "residual_input" at the top
 
 Per point (kind, model, TP, C, and the flag-on variant), for each label: the median over rounds
 of the flag-off and flag-on times, the median of the per-round flag speedups (off / on: the bar's
@@ -47,16 +49,21 @@ def collect(folder):
         residual = "residual" if j.get("residual_input") else ""
         for kind in ("decode", "prefill"):
             for row in j.get(kind) or []:
-                off, on = float(row.get("off_us", "nan")), float(row.get("on_us", "nan"))
-                if not (off > 0 and on > 0):
-                    continue
                 variant = "+".join(v for v in (str(row.get("weight_scales", "")), str(row.get("decode_quant", "")),
                                                residual) if v)
-                key = (kind, str(row.get("model", m.group("model"))), int(row["tp"]), int(row["seqs"]), variant)
-                cell = points.setdefault(key, {}).setdefault(m.group("label"), {"off": [], "on": [], "ratio": []})
-                cell["off"].append(off)
-                cell["on"].append(on)
-                cell["ratio"].append(off / on)
+                timed = [(kind, row.get("off_us", "nan"), row.get("on_us", "nan"))]
+                layers = int(row.get("decode_layers", 1) or 1)
+                if kind == "decode" and layers > 1:  # N layers back to back, per layer (no flush)
+                    timed.append((f"decode x{layers}", row.get("layers_off_us", "nan"), row.get("layers_on_us", "nan")))
+                for k, off, on in timed:
+                    off, on = float(off), float(on)
+                    if not (off > 0 and on > 0):
+                        continue
+                    key = (k, str(row.get("model", m.group("model"))), int(row["tp"]), int(row["seqs"]), variant)
+                    cell = points.setdefault(key, {}).setdefault(m.group("label"), {"off": [], "on": [], "ratio": []})
+                    cell["off"].append(off)
+                    cell["on"].append(on)
+                    cell["ratio"].append(off / on)
     return points
 
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """scripts/layer_ab.py on synthetic `fp8proj layer --json` files of two builds with a known effect:
 `new` takes 0.95x the base's flag-off time and 0.90x its flag-on time at every point, over three
-rounds whose times differ (the medians are taken per label), plus one prefill row and one file
-with another name that must be ignored. Checks the per-point medians, speedups and gains, the
+rounds whose times differ (the medians are taken per label), plus one prefill row, one decode row
+with --decode-layers' per-layer times (a "decode x4" point of its own) and one file with another
+name that must be ignored. Checks the per-point medians, speedups and gains, the
 geometric-mean line, the CSV, and the refusals (no files; no base label)."""
 import csv
 import json
@@ -23,6 +24,9 @@ def layer_json(model, scale_off, scale_on, jitter):
             off = 100.0 * tp ** -0.5 + seqs + jitter
             decode.append({"model": model, "tp": tp, "seqs": seqs, "off_us": off * scale_off,
                            "on_us": 0.75 * off * scale_on, "weight_scales": "ue8m0", "decode_quant": "fused"})
+            if tp == 1 and seqs == 64:
+                decode[-1].update({"decode_layers": 4, "layers_off_us": 0.8 * off * scale_off,
+                                   "layers_on_us": 0.55 * off * scale_on})
     prefill = [{"model": model, "tp": 1, "seqs": 16, "off_us": 9000.0 + jitter, "on_us": 6000.0 + jitter}]
     return {"decode": decode, "prefill": prefill, "residual_input": False}
 
@@ -52,11 +56,15 @@ def main():
         check(f"summary rc {p.returncode}: {p.stderr.strip()}", p.returncode == 0)
         text = open(md).read() if os.path.exists(md) else ""
         rows = list(csv.DictReader(open(out_csv))) if os.path.exists(out_csv) else []
-        check(f"{len(rows)} rows, expected 2 labels x (4 decode + 1 prefill) points", len(rows) == 10)
+        check(f"{len(rows)} rows, expected 2 labels x (4 decode + 1 decode x4 + 1 prefill) points", len(rows) == 12)
+        check("the decode x4 point", sum(r["kind"] == "decode x4" for r in rows) == 2)
         for row in rows:
             where = f"{row['kind']} tp {row['tp']} C {row['seqs']} {row['label']}"
             check(f"{where}: rounds {row['rounds']}", row["rounds"] == "3")
             speed = float(row["speedup"])
+            if row["kind"] == "decode x4":
+                want = (0.8 / 0.55) * (0.95 / 0.90 if row["label"] == "new" else 1.0)
+                check(f"{where}: speedup {speed:.4f}, expected {want:.4f}", abs(speed - want) < 1e-9)
             if row["kind"] == "decode":
                 want = (1 / 0.75) * (0.95 / 0.90 if row["label"] == "new" else 1.0)
                 check(f"{where}: speedup {speed:.4f}, expected {want:.4f}", abs(speed - want) < 1e-9)
@@ -65,11 +73,11 @@ def main():
                 check(f"{where}: off_us {row['off_us']}, expected {want_off}", abs(float(row["off_us"]) - want_off) < 1e-9)
             if row["label"] == "new":
                 og, ng = float(row["off_gain"]), float(row["on_gain"])
-                want_og, want_ng = (1 / 0.95, 1 / 0.90) if row["kind"] == "decode" else (1.0, 1.0)
+                want_og, want_ng = (1 / 0.95, 1 / 0.90) if row["kind"].startswith("decode") else (1.0, 1.0)
                 check(f"{where}: gains {og:.4f} / {ng:.4f}", abs(og - want_og) < 1e-9 and abs(ng - want_ng) < 1e-9)
             else:
                 check(f"{where}: the base has no gain of its own", math.isnan(float(row["off_gain"])))
-        check("the geometric-mean line", "new against base, geometric mean over 5 points" in text)
+        check("the geometric-mean line", "new against base, geometric mean over 6 points" in text)
         check("variant column", "| ue8m0+fused | new |" in text)
         p = run([d, "--base", "old"])
         check(f"a missing base label is refused (rc {p.returncode})", p.returncode == 1 and "'old'" in p.stderr)

@@ -9,6 +9,9 @@
 //     and on (under the prefill policy the flag must not change it), beside its byte floor: the
 //     weights it reads (each projection's FP8 copy where it runs FP8, else bf16; kv_b_proj's
 //     absorbed halves in bf16) plus the latent cache rows, at this GPU's measured read bandwidth.
+//     --decode-layers N also times N layers' steps back to back in one graph (own weights and
+//     caches each, no L2 flush): the L2 each step meets is the one the layer before left, as in
+//     a model, where the flush's dirty lines are not (see docs/decode.md).
 // TP sizes run the per-rank work of rank 0 on one GPU (heads / tp local heads; o_proj's
 // partial output, no all-reduce). Timed as timing.hpp says: device events, L2 flushed before
 // every timed call, median of many, flag off and on interleaved call by call. Without a GPU it runs the CPU reference at a tiny size
@@ -54,6 +57,7 @@ struct LayerArgs {
   bool cpu = false;
   std::string weight_scales = "ue8m0";  // the flag-on blocks' FP8 copies: one block per format
   std::string decode_quant = "fused";   // o_proj's decode input: absorb_v's epilogue and/or the separate pass
+  int decode_layers = 1;                // > 1: the decode step also over this many layers back to back
   std::string csv, json, md;
 };
 
@@ -91,6 +95,10 @@ struct DecodeRow {
   // Where the step's time goes: the same step eager, an event at every stage boundary (the sum
   // includes the launch gaps that graph replay hides).
   MlaStageTimes off_stages, on_stages;
+  // --decode-layers N > 1: per-layer time of N layers' steps back to back (one graph replay / N;
+  // eager on the CPU), no L2 flush; 0 where not run.
+  int layers = 1;
+  double layers_off_us = 0, layers_on_us = 0;
 };
 
 // Weight bytes one decode step of `block` reads at batch c: fused_qkv_a, q_b_proj and o_proj from
@@ -270,6 +278,23 @@ void run_layer(const LayerArgs& a) {
       ons.push_back(std::make_unique<MlaBlock>(space, cfg, 2024, o));
     }
     MlaBlock& on = *ons.front();
+    // --decode-layers: layers 1 .. N-1 of each path, their own weights (seeds) and caches (filled
+    // from the flag-off prefill's), workspaces for decode only. Layer 0 is the block above.
+    std::vector<std::unique_ptr<MlaBlock>> layers_off;
+    std::vector<std::vector<std::unique_ptr<MlaBlock>>> layers_on(ons.size());
+    if (a.decode_layers > 1 && !a.no_decode)
+      for (int l = 1; l < a.decode_layers; ++l) {
+        MlaOptions o = off_opt;
+        o.max_tokens = c_max;
+        layers_off.push_back(std::make_unique<MlaBlock>(space, cfg, 2024 + l, o));
+        for (size_t i = 0; i < variants.size(); ++i) {
+          MlaOptions oi = on_opt;
+          oi.max_tokens = c_max;
+          oi.tagged.weight_scales = variants[i].mode;
+          oi.fuse_decode_quant = variants[i].fused_decode_quant;
+          layers_on[i].push_back(std::make_unique<MlaBlock>(space, cfg, 2024 + l, oi));
+        }
+      }
     const MlaMemory mem = on.memory();
     fmt::print("\n== {} TP{} (rank 0: {} local heads; q_b_proj {}x{}, o_proj {}x{}; FP8 copies +{:.1f} MiB over "
                "{:.1f} MiB of bf16 weights; workspace {:.1f} MiB)\n",
@@ -438,9 +463,12 @@ void run_layer(const LayerArgs& a) {
         // step alone: with fused_qkv_a on FP8 the flag-on prefill writes other latents, and
         // policy prefill promises a bf16 decode step, not a bf16 prefill.
         ops.synchronize(nullptr);
-        for (auto& b : ons)
-          copy_bytes(b->cache(), space, off.cache(), space,
-                     static_cast<size_t>(base.cache_capacity) * static_cast<size_t>(cfg.cache_width()) * sizeof(bf16));
+        const size_t cache_bytes = static_cast<size_t>(base.cache_capacity) * static_cast<size_t>(cfg.cache_width()) *
+                                   sizeof(bf16);
+        for (auto& b : ons) copy_bytes(b->cache(), space, off.cache(), space, cache_bytes);
+        for (auto& b : layers_off) copy_bytes(b->cache(), space, off.cache(), space, cache_bytes);
+        for (auto& path : layers_on)
+          for (auto& b : path) copy_bytes(b->cache(), space, off.cache(), space, cache_bytes);
         const MlaDecodeBatch db{c, d_pos.data<int32_t>(), d_start.data<int32_t>(), L + 1};
         // Separate outputs: each flag-on step is compared with the flag-off one (the error FP8
         // costs under `all`; bit identity under `prefill`, which must leave decode bf16).
@@ -478,6 +506,40 @@ void run_layer(const LayerArgs& a) {
           for (auto& st : staged_steps) steps.push_back([&st](StreamHandle s) { st(s, {}); });
           t = time_interleaved(space, steps, topt);
         }
+        // --decode-layers: each path's N layers, step after step (one graph on the GPU), no flush:
+        // the L2 a step meets is what the layer before it left (its weights' clean lines, its
+        // activations), as in a model; the flush above leaves 2 x L2 of dirty lines instead.
+        std::vector<double> t_layers;
+        if (a.decode_layers > 1) {
+          std::vector<std::vector<MlaBlock*>> paths(1 + ons.size());
+          paths[0].push_back(&off);
+          for (auto& b : layers_off) paths[0].push_back(b.get());
+          for (size_t i = 0; i < ons.size(); ++i) {
+            paths[1 + i].push_back(ons[i].get());
+            for (auto& b : layers_on[i]) paths[1 + i].push_back(b.get());
+          }
+          std::vector<bf16*> outs = {y.data()};
+          for (auto& yo : y_on) outs.push_back(yo.data());
+          std::vector<std::unique_ptr<CapturedCalls>> graphs;
+          std::vector<std::function<void(StreamHandle)>> runs;
+          for (size_t p = 0; p < paths.size(); ++p) {
+            std::vector<std::function<void(StreamHandle, const MlaStageHook&)>> steps;
+            for (MlaBlock* blk : paths[p]) steps.push_back(decode_of(*blk, outs[p]));
+            auto call = [steps](int i, StreamHandle s) { steps[static_cast<size_t>(i) % steps.size()](s, {}); };
+            if (gpu) {
+              graphs.push_back(std::make_unique<CapturedCalls>(call, a.decode_layers));
+              runs.push_back([g = graphs.back().get()](StreamHandle s) { g->replay(s); });
+            } else {
+              runs.push_back([call, n = a.decode_layers](StreamHandle s) {
+                for (int i = 0; i < n; ++i) call(i, s);
+              });
+            }
+          }
+          TimingOptions lopt = topt;
+          lopt.flush_l2 = false;
+          t_layers = time_interleaved(space, runs, lopt);
+          for (double& v : t_layers) v /= a.decode_layers;
+        }
         const std::vector<MlaStageTimes> dst = profile_stages_interleaved(space, staged_steps, sopt);
         d.off_stages = dst[0];
         ops.synchronize(nullptr);
@@ -485,12 +547,17 @@ void run_layer(const LayerArgs& a) {
         std::vector<bf16> h_off(count), h_on(count);
         copy_bytes(h_off.data(), MemorySpace::host, y.data(), space, count * sizeof(bf16));
         d.off_us = t[0];
+        if (!t_layers.empty()) {
+          d.layers = a.decode_layers;
+          d.layers_off_us = t_layers[0];
+        }
         for (size_t i = 0; i < ons.size(); ++i) {
           DecodeRow di = d;
           di.weight_scales = variants[i].mode;
           di.fused_decode_quant = variants[i].fused_decode_quant;
           di.variant = static_cast<int>(i);
           di.on_us = t[1 + i];
+          if (!t_layers.empty()) di.layers_on_us = t_layers[1 + i];
           di.on_stages = dst[1 + i];
           copy_bytes(h_on.data(), MemorySpace::host, y_on[i].data(), space, count * sizeof(bf16));
           di.bit_identical = std::memcmp(h_off.data(), h_on.data(), count * sizeof(bf16)) == 0;
@@ -535,6 +602,18 @@ void run_layer(const LayerArgs& a) {
                      us_or_na(floor_ratio(d.on_us, d.floor_on_us), "{:.2f}"), d.qkv_path, d.q_path, d.o_path);
       for (const DecodeRow& d : drows)
         if (d.tp == tp) fmt::print("{}", d.why_bf16);
+      if (a.decode_layers > 1) {
+        fmt::print("\ndecode step over {} layers back to back, time per layer ({}; each layer its own weights and "
+                   "cache{}); speedup of the single flushed step above beside it\n",
+                   a.decode_layers, gpu ? "one CUDA graph replay" : "eager, CPU",
+                   gpu ? ", no L2 flush: a step meets the L2 the layer before left" : "");
+        fmt::print("  {:>4} {:>9} {:>10} {:>10} {:>8}   {:>13}\n", "C", "w scl", "off us", "on us", "speedup",
+                   "one, flushed");
+        for (const DecodeRow& d : drows)
+          if (d.tp == tp)
+            fmt::print("  {:>4} {:>9} {:>10.1f} {:>10.1f} {:>8.3f}   {:>13.3f}\n", d.seqs, variant_label(d),
+                       d.layers_off_us, d.layers_on_us, d.layers_off_us / d.layers_on_us, d.off_us / d.on_us);
+      }
       // all_reduce never runs here: the command times rank 0's share without a communicator.
       // kv_a_layernorm runs inside rope_cache at decode (mla.hpp, MlaStage).
       const std::vector<MlaStage> dshown = {MlaStage::qkv_a,     MlaStage::q_proj,   MlaStage::rope_cache,
@@ -552,10 +631,11 @@ void run_layer(const LayerArgs& a) {
         "kind,model,tp,seqs,seqlen,tokens,off_us,on_us,speedup,qb_o_share_off,qb_o_share_on,o_quant_us,"
         "qa_normquant_us,qa_norm_us,attn_tflops,q_path,o_path,fp8_backend,qkv_path,kv_b_path,decode_rel_err,"
         "decode_bitwise,weight_scales,decode_weight_bytes_off,decode_weight_bytes_on,decode_cache_bytes,"
-        "decode_floor_off_us,decode_floor_on_us,decode_on_floor_ratio,decode_quant\n";
+        "decode_floor_off_us,decode_floor_on_us,decode_on_floor_ratio,decode_quant,decode_layers,layers_off_us,"
+        "layers_on_us\n";
     for (const PrefillRow& r : prows) {
       const double so = r.off_stages.total_us, sn = r.on_stages.total_us;
-      csv += fmt::format("prefill,{},{},{},{},{},{:.3f},{:.3f},{:.4f},{:.4f},{:.4f},{:.3f},{:.3f},{:.3f},{:.1f},{},{},{},{},{},,,{},,,,,,,\n",
+      csv += fmt::format("prefill,{},{},{},{},{},{:.3f},{:.3f},{:.4f},{:.4f},{:.4f},{:.3f},{:.3f},{:.3f},{:.1f},{},{},{},{},{},,,{},,,,,,,,,,\n",
                          r.model, r.tp, r.seqs, r.seqlen, r.tokens, r.off_us, r.on_us, r.off_us / r.on_us,
                          so > 0 ? (r.off_stages.of(MlaStage::q_proj) + r.off_stages.of(MlaStage::o_proj)) / so : 0.0,
                          sn > 0 ? (r.on_stages.of(MlaStage::q_proj) + r.on_stages.of(MlaStage::o_proj)) / sn : 0.0,
@@ -563,11 +643,13 @@ void run_layer(const LayerArgs& a) {
                          r.fp8_backend, r.qkv_path, r.kv_b_path, scale_mode_name(r.weight_scales));
     }
     for (const DecodeRow& d : drows)
-      csv += fmt::format("decode,{},{},{},{},{},{:.3f},{:.3f},{:.4f},,,,,,,{},{},,{},,{:.3e},{},{},{},{},{},{:.3f},{:.3f},{:.4f},{}\n",
+      csv += fmt::format("decode,{},{},{},{},{},{:.3f},{:.3f},{:.4f},,,,,,,{},{},,{},,{:.3e},{},{},{},{},{},{:.3f},{:.3f},{:.4f},{},"
+                         "{},{:.3f},{:.3f}\n",
                          d.model, d.tp, d.seqs, d.context, d.seqs, d.off_us, d.on_us, d.off_us / d.on_us, d.q_path,
                          d.o_path, d.qkv_path, d.rel_err, d.bit_identical ? 1 : 0, scale_mode_name(d.weight_scales),
                          d.weight_bytes_off, d.weight_bytes_on, d.cache_bytes, d.floor_off_us, d.floor_on_us,
-                         floor_ratio(d.on_us, d.floor_on_us), d.fused_decode_quant ? "fused" : "separate");
+                         floor_ratio(d.on_us, d.floor_on_us), d.fused_decode_quant ? "fused" : "separate", d.layers,
+                         d.layers_off_us, d.layers_on_us);
     write_text(a.csv, csv);
   }
   if (!a.json.empty()) {
@@ -607,7 +689,9 @@ void run_layer(const LayerArgs& a) {
                              {"weight_bytes_off", d.weight_bytes_off}, {"weight_bytes_on", d.weight_bytes_on},
                              {"cache_bytes", d.cache_bytes}, {"floor_off_us", d.floor_off_us},
                              {"floor_on_us", d.floor_on_us}, {"on_floor_ratio", floor_ratio(d.on_us, d.floor_on_us)},
-                             {"stages_off_us", stages_json(d.off_stages)}, {"stages_on_us", stages_json(d.on_stages)}});
+                             {"stages_off_us", stages_json(d.off_stages)}, {"stages_on_us", stages_json(d.on_stages)},
+                             {"decode_layers", d.layers}, {"layers_off_us", d.layers_off_us},
+                             {"layers_on_us", d.layers_on_us}});
     write_text(a.json, j.dump(1) + "\n");
   }
   if (!a.md.empty()) {
@@ -685,6 +769,12 @@ void register_layer(CLI::App& app) {
                   "Where the flag-on block quantizes o_proj's input at decode: fused (out_latent . W_UV^T's "
                   "epilogue writes it, MlaOptions::fuse_decode_quant), separate (the 1x128 pass), or fused,separate "
                   "(one flag-on block each, timed in the same interleaved rounds; rows of the second say +sep)")
+      ->capture_default_str();
+  cmd->add_option("--decode-layers", args->decode_layers,
+                  "Also time the decode step over N layers back to back: N blocks per path, each with its own "
+                  "weights and cache, in one CUDA graph, no L2 flush (a step meets the L2 the layer before left, as "
+                  "in a model); reported per layer beside the flushed step. 1: not run")
+      ->transform(int_in(1, 16))
       ->capture_default_str();
   cmd->add_option("--csv", args->csv, "Write the rows as CSV");
   cmd->add_option("--json", args->json, "Write the rows (with per-stage times) as JSON with the GPU/version stamp");

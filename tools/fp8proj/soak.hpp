@@ -333,6 +333,8 @@ struct MlaDraw {
   bool all_dense = false;     // fused_qkv_a and kv_b_proj on the gated FP8 path too
   bool forced = true;         // FP8 at every M (threshold and decode ceiling 0): the host block can follow
   bool fuse_decode_quant = true;
+  bool residual = false;      // from the residual stream: the decoder layer's input RMSNorm inside the
+                              // step (prefill_residual / decode_residual, MlaDecodeGraph's residual form)
   int stream = 0;
   int replays = 1;            // graph replays (each into the poisoned output)
   std::vector<int32_t> prefill_lens, prefill_starts;  // empty: no prefill

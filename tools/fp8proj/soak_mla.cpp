@@ -3,9 +3,11 @@
 // tensor-parallel rank 0, on the same host-generated weights; fills the cache rows of a random
 // decode batch with the same random rows in both; runs, one iteration in three, a short prefill
 // on both; then the decode step on the device eagerly and as a captured graph replayed 1-3 times,
-// each into a guarded, poisoned output, and on the host once. A server runs exactly this step
-// for weeks: what the GEMM iterations cannot see (the block's small kernels, the decode
-// attention, the absorbed projections, PDL between them, the graph) is checked here.
+// each into a guarded, poisoned output, and on the host once. Half the iterations start from the
+// residual stream (the decoder layer's input RMSNorm inside the block's steps, fused with
+// fused_qkv_a's quantization on its FP8 path). A server runs exactly this step for weeks: what the
+// GEMM iterations cannot see (the block's small kernels, the decode attention, the absorbed
+// projections, PDL between them, the graph) is checked here.
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -24,6 +26,8 @@ namespace {
 
 // A key no GEMM iteration's Rng uses: the MLA coin and draw of iteration i are Rng(seed, i ^ key).
 constexpr uint64_t kMlaKey = 0x4D4C41ull << 40;  // "MLA"
+// The residual coin's own stream: the draws above it stay what they were for every seed.
+constexpr uint64_t kResidualKey = 0x524553ull << 16;  // "RES"
 
 constexpr int kMaxBatch = 32;        // decode sequences (the host attention costs ~1 s at the top)
 constexpr int kMaxContext = 2048;    // cache rows per sequence
@@ -85,6 +89,7 @@ MlaDraw draw_mla(const DrawSpace& space, uint64_t seed, uint64_t iteration) {
   d.forced = true;
   d.all_dense = mode >= 2;
   d.fuse_decode_quant = mode != 3;
+  d.residual = Rng(seed, iteration ^ kMlaKey ^ kResidualKey).chance(0.5);
   d.stream = static_cast<int>(rng.uniform(0, space.streams));
   d.replays = static_cast<int>(rng.uniform(1, 3));
   d.data_seed = rng.next();
@@ -113,8 +118,8 @@ MlaDraw draw_mla(const DrawSpace& space, uint64_t seed, uint64_t iteration) {
 }
 
 std::string MlaDraw::block_key() const {
-  return fmt::format("{} TP{} {}{}", model, tp, fp8 ? (all_dense ? "fp8 all-dense" : "fp8 q_b+o") : "bf16",
-                     fuse_decode_quant ? "" : " separate-quant");
+  return fmt::format("{} TP{} {}{}{}", model, tp, fp8 ? (all_dense ? "fp8 all-dense" : "fp8 q_b+o") : "bf16",
+                     fuse_decode_quant ? "" : " separate-quant", residual ? " residual" : "");
 }
 
 std::string MlaDraw::variant() const { return block_key(); }
@@ -135,6 +140,8 @@ struct MlaRunner::Pair {
   std::string key;
   MlaConfig config;
   std::unique_ptr<MlaBlock> host, dev;
+  Buffer input_norm;                       // the decoder layer's input RMSNorm weight, on the device
+  const bf16* input_norm_host = nullptr;   // the same on the host (the model's Weights)
 };
 
 // A model's full (unsharded) weights on the host, N(0, 1/fan_in) so that every projection's
@@ -143,6 +150,7 @@ struct MlaRunner::Pair {
 struct MlaRunner::Weights {
   std::vector<std::vector<bf16>> t;
   MlaHostWeights view;
+  const bf16* input_norm = nullptr;  // [hidden]: the decoder layer's input RMSNorm (residual mode)
 };
 
 MlaRunner::MlaRunner(const Streams& streams, std::function<void(const Launch&)> on_launch)
@@ -175,6 +183,7 @@ std::unique_ptr<MlaRunner::Weights> MlaRunner::make_weights(const MlaConfig& c) 
   w->view.kv_a_layernorm = near_one(c.kv_lora_rank, 5);
   w->view.kv_b_proj = normal(heads * (c.qk_nope_dim + c.v_head_dim), c.kv_lora_rank, 6);
   w->view.o_proj = normal(c.hidden, heads * c.v_head_dim, 7);
+  w->input_norm = near_one(c.hidden, 8);
   return w;
 }
 
@@ -203,11 +212,15 @@ MlaRunner::Pair& MlaRunner::pair(const MlaDraw& d) {
   }
   o.fp8_fused_qkv_a = o.fp8_kv_b_proj = d.all_dense;
   o.fuse_decode_quant = d.fuse_decode_quant;
+  o.residual_input = d.residual;
   o.max_tokens = kMaxPrefill;
   o.max_batch = kMaxBatch;
   o.cache_capacity = kCacheRows;
   p->host = std::make_unique<MlaBlock>(MemorySpace::host, c, w, o);
   p->dev = std::make_unique<MlaBlock>(MemorySpace::device, c, w, o);
+  p->input_norm = Buffer(MemorySpace::device, static_cast<size_t>(c.hidden) * sizeof(bf16));
+  copy_bytes(p->input_norm.data(), MemorySpace::device, wp->input_norm, MemorySpace::host, p->input_norm.bytes());
+  p->input_norm_host = wp->input_norm;
   pairs_.push_front(std::move(p));
   return *pairs_.front();
 }
@@ -285,6 +298,7 @@ IterationResult MlaRunner::run(const MlaDraw& d) {
       r.checks.push_back(std::move(chk));
     };
     const double tol = d.fp8 ? kMlaTolFp8 : kMlaTolBf16;
+    const float eps = c.rms_norm_eps;  // the input RMSNorm's (residual mode)
 
     // ---- prefill (both blocks), into its own cache rows ----
     if (!d.prefill_lens.empty()) {
@@ -295,15 +309,21 @@ IterationResult MlaRunner::run(const MlaDraw& d) {
       std::vector<bf16> x(static_cast<size_t>(T * hidden));
       fill_normal(MemorySpace::host, x.data(), T * hidden, d.data_seed, 1.0f);
       std::vector<bf16> want(x.size());
-      host.prefill(x.data(), {static_cast<int>(d.prefill_lens.size()), offsets.data(), d.prefill_starts.data(), nullptr},
-                   want.data());
+      const MlaPrefillBatch hb{static_cast<int>(d.prefill_lens.size()), offsets.data(), d.prefill_starts.data(), nullptr};
+      if (d.residual)
+        host.prefill_residual(x.data(), p.input_norm_host, eps, hb, want.data());
+      else
+        host.prefill(x.data(), hb, want.data());
       const Buffer dx = to_device_bf16(x), doff = to_device_i32(offsets), dstart = to_device_i32(d.prefill_starts);
       out_.prepare(1, T, hidden);
       device_synchronize();
-      launch(fmt::format("prefill of {} tokens", T), false);
-      dev.prefill(dx.data<bf16>(), {static_cast<int>(d.prefill_lens.size()), doff.data<int32_t>(),
-                                    dstart.data<int32_t>(), offsets.data()},
-                  out_.out(0), s);
+      launch(fmt::format("prefill of {} tokens{}", T, d.residual ? " from the residual stream" : ""), false);
+      const MlaPrefillBatch db{static_cast<int>(d.prefill_lens.size()), doff.data<int32_t>(), dstart.data<int32_t>(),
+                               offsets.data()};
+      if (d.residual)
+        dev.prefill_residual(dx.data<bf16>(), p.input_norm.data<bf16>(), eps, db, out_.out(0), s);
+      else
+        dev.prefill(dx.data<bf16>(), db, out_.out(0), s);
       synchronize(s);
       r.outputs.push_back(fmt::format("prefill output [{} x {}]", T, hidden));
       check(0, want, tol, nullptr);
@@ -322,19 +342,28 @@ IterationResult MlaRunner::run(const MlaDraw& d) {
     std::vector<bf16> x(static_cast<size_t>(B * hidden));
     fill_normal(MemorySpace::host, x.data(), B * hidden, d.data_seed + 1000003, 1.0f);
     std::vector<bf16> want(x.size());
-    host.decode(x.data(), {B, d.positions.data(), d.starts.data(), d.max_context}, want.data());
+    const MlaDecodeBatch hbatch{B, d.positions.data(), d.starts.data(), d.max_context};
+    if (d.residual)
+      host.decode_residual(x.data(), p.input_norm_host, eps, hbatch, want.data());
+    else
+      host.decode(x.data(), hbatch, want.data());
     const Buffer dx = to_device_bf16(x), dpos = to_device_i32(d.positions), dstart = to_device_i32(d.starts);
     const MlaDecodeBatch batch{B, dpos.data<int32_t>(), dstart.data<int32_t>(), d.max_context};
     out_.prepare(2, B, hidden);
     device_synchronize();
     launch(fmt::format("decode of {} sequences, eager", B), false);
-    dev.decode(dx.data<bf16>(), batch, out_.out(0), s);
+    if (d.residual)
+      dev.decode_residual(dx.data<bf16>(), p.input_norm.data<bf16>(), eps, batch, out_.out(0), s);
+    else
+      dev.decode(dx.data<bf16>(), batch, out_.out(0), s);
     synchronize(s);
     r.outputs.push_back(fmt::format("decode output, eager [{} x {}]", B, hidden));
     check(0, want, tol, nullptr);
     first = bits;
     {
-      MlaDecodeGraph graph(dev, dx.data<bf16>(), batch, out_.out(1));
+      MlaDecodeGraph graph = d.residual
+                                 ? MlaDecodeGraph(dev, dx.data<bf16>(), p.input_norm.data<bf16>(), eps, batch, out_.out(1))
+                                 : MlaDecodeGraph(dev, dx.data<bf16>(), batch, out_.out(1));
       for (int rep = 0; rep < d.replays; ++rep) {
         out_.poison_async(2, s);  // every replay must write everything (output 0 was checked)
         launch(fmt::format("decode of {} sequences, graph replay {}/{}", B, rep + 1, d.replays), true);

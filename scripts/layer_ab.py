@@ -100,9 +100,15 @@ def markdown(rows, base):
     if others:
         out.append("")
     for label in others:
-        mine = [r for r in rows if r["label"] == label]
-        out.append(f"- {label} against {base}, geometric mean over {len(mine)} points: flag off "
-                   f"{geomean([r['off_gain'] for r in mine]):.3f}, flag on {geomean([r['on_gain'] for r in mine]):.3f}")
+        # One line per kind ("decode", "decode xN", "prefill": the same point timed two ways is not
+        # counted twice), over the points that have a gain (the base timed them too).
+        for kind in sorted({r["kind"] for r in rows if r["label"] == label}):
+            mine = [r for r in rows if r["label"] == label and r["kind"] == kind and math.isfinite(r["off_gain"])
+                    and math.isfinite(r["on_gain"])]
+            if mine:
+                out.append(f"- {label} against {base}, {kind}, geometric mean over {len(mine)} points: flag off "
+                           f"{geomean([r['off_gain'] for r in mine]):.3f}, flag on "
+                           f"{geomean([r['on_gain'] for r in mine]):.3f}")
     return "\n".join(out) + "\n"
 
 

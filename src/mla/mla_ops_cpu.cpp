@@ -88,6 +88,7 @@ class HostMlaOps final : public MlaOps {
 
   void decode_rope(const DecodeRopeArgs& a, StreamHandle) const override {
     if (a.batch == 0) return;  // a no-op, arguments unchecked, as on the device
+    FP8PROJ_CHECK(a.batch > 0, "decode RoPE: batch must be >= 0, got ", a.batch);
     const RopeDims& d = a.dims;
     check_decode_rope_kv(a);
     const int qk = d.nope + d.rope;

@@ -9,9 +9,11 @@
 // significant bits, so n * high is exact for |n| <= 128); e^r by its Taylor series to r^7 / 7!
 // in Horner form (|r| <= 0.347: the remainder is below 6e-9, 0.1 ulp at 1); times 2^n as two
 // exact products by powers of two (2^128 is not a float). Every step is one IEEE-rounded fmaf
-// or an exact product, so both compilers give the same bits: the host code is built without
-// contraction (ISO C++20, no -march), and on the device the products and the sum are written
-// with __fmul_rn / __fadd_rn, which nvcc never fuses. About 1.5 ulp from the true exp.
+// or an exact product, so both compilers give the same bits: host C++ is built with
+// -ffp-contract=off (CMakeLists.txt; GCC would otherwise fuse on FMA hosts), and on the device the
+// products and the sum are written with __fmul_rn / __fadd_rn, which nvcc never fuses. (The one
+// multiply-then-add, the last scaling and 1 + exp, would give the same bits fused: the scaling by
+// a power of two is exact.) About 1.5 ulp from the true exp.
 //
 // Outside the polynomial's range: exp(x) = inf above 88.7228 (log of FLT_MAX), and 0 below -20,
 // where 1 + exp(x) rounds to 1 in fp32 anyway (exp(-20) < 2^-28). NaN stays NaN; silu(+inf) =

@@ -936,8 +936,11 @@ TEST_P(MlaBlockGpu, ResidualDecodeMatchesNormThenDecode) {
         EXPECT_EQ(0, std::memcmp(r.data(), f.data(), f.size() * 2)) << what << ", fp8=" << fp8 << ": replay vs eager";
         if (!fp8)
           EXPECT_EQ(0, std::memcmp(f.data(), p.data(), f.size() * 2)) << what << ": must equal norm-then-decode";
-        else
-          EXPECT_LT(rel_error(f, p), 6e-2) << what;
+        else {  // the bound of the prefill twin above; the error seen is printed to tighten it
+          const double e = rel_error(f, p);
+          std::printf("  [residual decode vs norm then decode, FP8] %s: rel error %.3e\n", what.c_str(), e);
+          EXPECT_LT(e, 6e-2) << what;
+        }
       }
     }
 }

@@ -77,7 +77,8 @@ def main():
                 check(f"{where}: gains {og:.4f} / {ng:.4f}", abs(og - want_og) < 1e-9 and abs(ng - want_ng) < 1e-9)
             else:
                 check(f"{where}: the base has no gain of its own", math.isnan(float(row["off_gain"])))
-        check("the geometric-mean line", "new against base, geometric mean over 6 points" in text)
+        for kind, n in (("decode", 4), ("decode x4", 1), ("prefill", 1)):
+            check(f"the {kind} geometric-mean line", f"new against base, {kind}, geometric mean over {n} points" in text)
         check("variant column", "| ue8m0+fused | new |" in text)
         p = run([d, "--base", "old"])
         check(f"a missing base label is refused (rc {p.returncode})", p.returncode == 1 and "'old'" in p.stderr)

@@ -282,6 +282,20 @@ void run_layer(const LayerArgs& a) {
     // from the flag-off prefill's), workspaces for decode only. Layer 0 is the block above.
     std::vector<std::unique_ptr<MlaBlock>> layers_off;
     std::vector<std::vector<std::unique_ptr<MlaBlock>>> layers_on(ons.size());
+    if (a.decode_layers > 1 && !a.no_decode) {
+      // What the other layers take (weights, FP8 copies and a cache each; decode workspaces are
+      // small): said up front, and refused where it cannot fit beside the two blocks above.
+      auto held = [](const MlaMemory& m) { return double(m.weights_bf16 + m.fp8_copies + m.cache); };
+      double more = held(off.memory());
+      for (const auto& b : ons) more += held(b->memory());
+      more *= a.decode_layers - 1;
+      fmt::print("--decode-layers {}: {} more blocks, ~{:.1f} GiB\n", a.decode_layers,
+                 (a.decode_layers - 1) * (1 + ons.size()), more / (1 << 30));
+      if (gpu)
+        FP8PROJ_CHECK(more < 0.8 * double(current_device().global_mem_bytes), "--decode-layers ", a.decode_layers,
+                      " needs ~", more / (1 << 30), " GiB more for its other layers' blocks, above 80% of this GPU's ",
+                      current_device().global_mem_bytes / double(1 << 30), " GiB: fewer layers, sequences or variants");
+    }
     if (a.decode_layers > 1 && !a.no_decode)
       for (int l = 1; l < a.decode_layers; ++l) {
         MlaOptions o = off_opt;

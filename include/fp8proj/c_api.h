@@ -179,6 +179,13 @@ FP8PROJ_C_EXPORT int fp8proj_projection_path(const fp8proj_projection* proj, int
  * to size. */
 FP8PROJ_C_EXPORT int fp8proj_projection_explain(const fp8proj_projection* proj, int64_t m, char* buf, size_t size);
 
+/* The same two for a call through fp8proj_projection_forward_rmsnorm (input = 1; 0 is
+ * fp8proj_projection_forward): there the norm writes the FP8 input, so a tuned bucket's verdict
+ * is the FP8 GEMM alone against bf16 (fp8_gemm_us in the tuned table). Any other input is an error. */
+FP8PROJ_C_EXPORT int fp8proj_projection_path_input(const fp8proj_projection* proj, int64_t m, int input, int* path);
+FP8PROJ_C_EXPORT int fp8proj_projection_explain_input(const fp8proj_projection* proj, int64_t m, int input, char* buf,
+                                                      size_t size);
+
 /* Bytes: the bf16 weight (held by the caller), the FP8 copy's values and scales, and the
  * workspaces the handle owns. Any pointer may be NULL. */
 FP8PROJ_C_EXPORT int fp8proj_projection_memory(const fp8proj_projection* proj, size_t* bf16_weight,

@@ -259,6 +259,11 @@ class MlaBlock {
 
   // Which projections are tagged and which path each takes at `tokens`, and why.
   MlaExplanation explain(int64_t tokens) const;
+  // The path projection `which` takes at `tokens` as the block calls it: q_b_proj behind
+  // q_a_layernorm and, with MlaOptions::residual_input, fused_qkv_a behind the input norm go
+  // through ProjectionLayer::forward_rmsnorm (the norm writes their FP8 input), the others
+  // through forward().
+  Path projection_path(MlaProjection which, int64_t tokens) const;
 
   const MlaConfig& config() const;
   const MlaOptions& options() const;

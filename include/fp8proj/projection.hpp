@@ -106,10 +106,12 @@ class ProjectionLayer {
   // Requires has_fp8_copy().
   void forward_quantized(const Fp8ActivationView& x, bf16* y, StreamHandle stream = nullptr);
 
-  Path path_for(int64_t m) const;
+  // The path and its reasons for a call of M rows through forward() (bf16_rows) or, with
+  // InputLayout::bf16_rmsnorm, through forward_rmsnorm().
+  Path path_for(int64_t m, InputLayout input = InputLayout::bf16_rows) const;
   // The selection's typed choice for a problem (p.n, p.k: the layer's); explain() prints it.
   Selection select(const ProblemDesc& p) const;
-  Explanation explain(int64_t m) const;
+  Explanation explain(int64_t m, InputLayout input = InputLayout::bf16_rows) const;
   ProjectionMemory memory() const;
 
   const std::string& name() const;

@@ -44,7 +44,9 @@ inline constexpr int64_t kDefaultDecodeCeiling = 512;  // largest CUDA-graph dec
 // How the activations reach the GEMM.
 enum class InputLayout : uint8_t {
   bf16_rows,      // forward(): x[M, K] bf16, row-major
-  bf16_rmsnorm,   // forward_rmsnorm(): rmsnorm(x), rows x_stride >= K apart
+  bf16_rmsnorm,   // forward_rmsnorm(): rmsnorm(x), rows x_stride >= K apart; on the FP8 path the norm
+                  // writes the e4m3 input (rmsnorm_quantize), so a tuned bucket's verdict is the GEMM
+                  // alone against bf16 (TunedBucket::fp8_gemm_wins)
   fp8_quantized,  // forward_quantized(): e4m3 [M, K] + 1x128 scales, quantized by the caller
 };
 
@@ -122,6 +124,7 @@ struct Selection {
   const GemmBackend* backend = nullptr;  // what runs (nullptr for Path::none)
   size_t route = 0;                      // FP8: its plan, Selector::fp8_plan(route)
   GemmConfig config;                     // FP8: the configuration of a launch of `rows` rows
+  InputLayout input = InputLayout::bf16_rows;  // the problem's, for explain()
 };
 
 class Selector {
@@ -152,11 +155,13 @@ class Selector {
   // One tuned bucket as the chain reads it.
   struct Bucket {
     int64_t m_lo = 0, m_hi = 0;
-    bool fp8_wins = false;
+    bool fp8_wins = false;       // FP8 from bf16 rows, its quantization included
+    bool fp8_gemm_wins = false;  // FP8 from an input its producer quantized: the GEMM alone
     size_t route = 0;
     GemmConfig config;
   };
   const Bucket* bucket_of(int64_t m) const;
+  Selection choose(const ProblemDesc& p) const;  // select() without the problem's layout filled in
   Selection none(SelectReason why, int64_t m) const;
   Selection bf16(SelectReason why, int64_t m) const;
   Selection fp8(SelectReason why, int64_t m) const;

@@ -23,8 +23,16 @@ struct TunedBucket {
   // fp8_config typed, parsed once by load_tune_table (parse_gemm_config); a row built in code
   // and passed as ProjectionOptions::tuned has its names parsed when the layer is built.
   GemmConfig config;
+  // The same FP8 configuration on activations already quantized: the GEMM alone, what a call
+  // pays whose producer writes the e4m3 input itself (a norm fused with the quantization,
+  // ProjectionLayer::forward_rmsnorm; an epilogue that quantizes). Measured in the same
+  // interleaved rounds as bf16_us and fp8_us; 0: not measured (older tables).
+  double fp8_gemm_us = 0;
   // The bucket's verdict, which the gate follows (policy `all`; `prefill` above the decode ceiling).
   bool fp8_wins() const { return fp8_us > 0 && fp8_us < bf16_us; }
+  // The verdict where the producer quantizes (its bf16 and its FP8 output cost it the same): the
+  // FP8 GEMM alone against bf16; the verdict above where the bucket has no GEMM-alone time.
+  bool fp8_gemm_wins() const { return fp8_gemm_us > 0 ? fp8_gemm_us < bf16_us : fp8_wins(); }
 };
 
 struct TunedShape {

@@ -92,13 +92,15 @@ class Projection:
     def handle(self) -> int:
         return self._h
 
-    def path(self, m: int) -> str:
+    def path(self, m: int, rmsnorm: bool = False) -> str:
+        """The path of a call with m rows through forward, or with rmsnorm through
+        forward_rmsnorm (the norm writes the FP8 input: a tuned bucket's GEMM-alone verdict)."""
         p = c_int()
-        _lib.check(_lib.lib().fp8proj_projection_path(self._h, int(m), byref(p)), self.name)
+        _lib.check(_lib.lib().fp8proj_projection_path_input(self._h, int(m), int(bool(rmsnorm)), byref(p)), self.name)
         return PATH_NAMES[p.value]
 
-    def explain(self, m: int) -> str:
-        return _lib.read_string(_lib.lib().fp8proj_projection_explain, self._h, int(m))
+    def explain(self, m: int, rmsnorm: bool = False) -> str:
+        return _lib.read_string(_lib.lib().fp8proj_projection_explain_input, self._h, int(m), int(bool(rmsnorm)))
 
     def weight_scales(self) -> str:
         """The FP8 copy's scale format after FP8PROJ_WEIGHT_SCALES: "ue8m0" or "float"."""

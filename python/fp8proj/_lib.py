@@ -83,6 +83,8 @@ _SIGNATURES = {
         c_int, [c_void_p, c_void_p, c_int64, c_void_p, c_float, c_int64, c_void_p, c_void_p]),
     "fp8proj_projection_path": (c_int, [c_void_p, c_int64, POINTER(c_int)]),
     "fp8proj_projection_explain": (c_int, [c_void_p, c_int64, c_char_p, c_size_t]),
+    "fp8proj_projection_path_input": (c_int, [c_void_p, c_int64, c_int, POINTER(c_int)]),
+    "fp8proj_projection_explain_input": (c_int, [c_void_p, c_int64, c_int, c_char_p, c_size_t]),
     "fp8proj_projection_memory": (
         c_int, [c_void_p, POINTER(c_size_t), POINTER(c_size_t), POINTER(c_size_t), POINTER(c_size_t)]),
     "fp8proj_projection_id": (c_int, [c_void_p, POINTER(c_int64)]),

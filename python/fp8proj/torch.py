@@ -183,7 +183,7 @@ class _GatedBase(nn.Module):
 
     def uses_fp8(self, m: int) -> bool:
         """True when a call with m rows runs the FP8 path."""
-        return self._fp8 and self._proj.path(m) == "fp8"
+        return self._fp8 and self._proj.path(m, rmsnorm=self._rmsnorm_input) == "fp8"
 
     def explain(self, m: int) -> str:
         """Which path a call with m rows takes, through which backend and configuration, and why."""
@@ -191,7 +191,7 @@ class _GatedBase(nn.Module):
             return f"M={m}: bf16 via torch (F.linear on the original weight) -- {self._why_bf16}"
         if not self._fp8:
             return f"M={m}: bf16 via torch (F.linear on the original weight) -- {self._why_bf16}"
-        return self._proj.explain(m)
+        return self._proj.explain(m, rmsnorm=self._rmsnorm_input)
 
     def weight_scales(self) -> str:
         """The FP8 copy's scale format ("ue8m0" or "float", FP8PROJ_WEIGHT_SCALES applied); what a

@@ -469,6 +469,32 @@ int fp8proj_projection_explain(const fp8proj_projection* proj, int64_t m, char* 
   });
 }
 
+namespace fp8proj {
+namespace {
+InputLayout call_input(const ProjectionLayer& l, int input) {
+  FP8PROJ_CHECK(input == 0 || input == 1, l.name(), ": input must be 0 (forward) or 1 (forward_rmsnorm), got ", input);
+  return input == 1 ? InputLayout::bf16_rmsnorm : InputLayout::bf16_rows;
+}
+}  // namespace
+}  // namespace fp8proj
+
+int fp8proj_projection_path_input(const fp8proj_projection* proj, int64_t m, int input, int* path) {
+  return fp8proj::guarded([&] {
+    const fp8proj::ProjectionLayer& l = fp8proj::layer_of(proj);
+    FP8PROJ_CHECK(path != nullptr, "path is null");
+    FP8PROJ_CHECK(m >= 0, l.name(), ": m must be >= 0, got ", m);
+    *path = static_cast<int>(l.path_for(m, fp8proj::call_input(l, input)));
+  });
+}
+
+int fp8proj_projection_explain_input(const fp8proj_projection* proj, int64_t m, int input, char* buf, size_t size) {
+  return fp8proj::guarded([&] {
+    const fp8proj::ProjectionLayer& l = fp8proj::layer_of(proj);
+    FP8PROJ_CHECK(m >= 0, l.name(), ": m must be >= 0, got ", m);
+    fp8proj::write_string(l.explain(m, fp8proj::call_input(l, input)).to_string(), buf, size);
+  });
+}
+
 int fp8proj_projection_memory(const fp8proj_projection* proj, size_t* bf16_weight, size_t* fp8_values,
                               size_t* fp8_scales, size_t* workspace) {
   return fp8proj::guarded([&] {

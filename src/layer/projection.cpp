@@ -272,13 +272,15 @@ void ProjectionLayer::forward_quantized(const Fp8ActivationView& x, bf16* y, Str
   }
 }
 
-Path ProjectionLayer::path_for(int64_t m) const { return impl_->selector->select(impl_->problem(m)).path; }
+Path ProjectionLayer::path_for(int64_t m, InputLayout input) const {
+  return impl_->selector->select(impl_->problem(m, input)).path;
+}
 
 Selection ProjectionLayer::select(const ProblemDesc& p) const { return impl_->selector->select(p); }
 
-Explanation ProjectionLayer::explain(int64_t m) const {
+Explanation ProjectionLayer::explain(int64_t m, InputLayout input) const {
   const Selector& sel = *impl_->selector;
-  const Selection s = sel.select(impl_->problem(m));
+  const Selection s = sel.select(impl_->problem(m, input));
   Explanation e;
   e.m = m;
   e.path = s.path;

@@ -105,7 +105,8 @@ Selector::Selector(SelectorSpec spec, const GemmBackend& bf16_backend, std::uniq
                   ": the FP8 routing does not cover the tuned buckets");
     for (size_t i = 0; i < spec_.tuned->buckets.size(); ++i) {
       const TunedBucket& b = spec_.tuned->buckets[i];
-      buckets_.push_back({b.m_lo, b.m_hi, b.fp8_wins(), routing_.bucket_route[i], routing_.bucket_config[i]});
+      buckets_.push_back(
+          {b.m_lo, b.m_hi, b.fp8_wins(), b.fp8_gemm_wins(), routing_.bucket_route[i], routing_.bucket_config[i]});
     }
   }
 }
@@ -149,6 +150,12 @@ Selection Selector::fp8(SelectReason why, int64_t m) const {
 }
 
 Selection Selector::select(const ProblemDesc& p) const {
+  Selection s = choose(p);
+  s.input = p.input;
+  return s;
+}
+
+Selection Selector::choose(const ProblemDesc& p) const {
   const int64_t m = p.m;
   if (m <= 0) return none(SelectReason::empty, m);
   // The caller quantized the input: FP8, if the layer holds the FP8 weight.
@@ -163,8 +170,12 @@ Selection Selector::select(const ProblemDesc& p) const {
   // Inside a tuned bucket its measured verdict decides (both policies; above the ceiling for
   // prefill). The threshold alone would keep bf16 in a bucket between the ceiling and a
   // threshold that a later FP8 loss pushed up, although FP8 measured faster there.
-  if (const Bucket* b = spec_.tuned_decides ? bucket_of(m) : nullptr)
-    return b->fp8_wins ? fp8(SelectReason::bucket_fp8, m) : bf16(SelectReason::bucket_bf16, m);
+  // Where the norm before the GEMM writes its input (forward_rmsnorm) the FP8 path has no
+  // quantization of its own to pay: the bucket's GEMM-alone verdict.
+  if (const Bucket* b = spec_.tuned_decides ? bucket_of(m) : nullptr) {
+    const bool wins = p.input == InputLayout::bf16_rmsnorm ? b->fp8_gemm_wins : b->fp8_wins;
+    return wins ? fp8(SelectReason::bucket_fp8, m) : bf16(SelectReason::bucket_bf16, m);
+  }
   if (m <= spec_.threshold) return bf16(SelectReason::below_threshold, m);
   return fp8(SelectReason::above_threshold, m);
 }
@@ -219,7 +230,9 @@ std::string Selector::reason_text(const Selection& s) const {
       const std::string ceiling =
           spec_.policy == Fp8Policy::prefill ? " (above decode ceiling " + to_string(spec_.decode_ceiling) + ")" : "";
       text = m + ceiling + ": " + (s.reason == SelectReason::bucket_fp8 ? "FP8" : "bf16") +
-             " measured faster in this tuned M bucket" + policy;
+             " measured faster in this tuned M bucket" +
+             (s.input == InputLayout::bf16_rmsnorm ? " (FP8 GEMM alone: the norm before it writes its FP8 input)" : "") +
+             policy;
       break;
     }
   }
@@ -233,8 +246,12 @@ std::string Selector::reason_text(const Selection& s) const {
   text += "; tuned row " + shape + " (" + spec_.tuned_source + ")";
   const TunedBucket* b = spec_.tuned->bucket_for(s.m);
   if (!b) return text + ", beyond its buckets";
-  char times[96];
-  std::snprintf(times, sizeof times, ": bf16 %.1f us, FP8 %.1f us", b->bf16_us, b->fp8_us);
+  char times[128];
+  if (b->fp8_gemm_us > 0)
+    std::snprintf(times, sizeof times, ": bf16 %.1f us, FP8 %.1f us (GEMM alone %.1f us)", b->bf16_us, b->fp8_us,
+                  b->fp8_gemm_us);
+  else
+    std::snprintf(times, sizeof times, ": bf16 %.1f us, FP8 %.1f us", b->bf16_us, b->fp8_us);
   text += " bucket [" + to_string(b->m_lo) + ", " + to_string(b->m_hi) + "]" + times + ", FP8 via " + b->fp8_backend +
           (b->fp8_config.empty() ? "" : " [" + b->fp8_config + "]");
   if (s.path == Path::fp8 && s.backend && s.backend->name() != b->fp8_backend)

@@ -91,6 +91,13 @@ struct MlaBlock::Impl {
 
   void init(MemorySpace sp, const MlaConfig& c, mla::MlaWeights weights, MlaOptions o_in);
   ProjectionLayer& layer(MlaProjection which) const;
+  // How project_inputs calls `which`: q_b_proj (with q LoRA) and, from the residual stream,
+  // fused_qkv_a behind a norm that writes their input (forward_rmsnorm); the rest forward().
+  InputLayout layout(MlaProjection which) const {
+    const bool normed = (which == MlaProjection::q_b_proj && cfg.has_q_lora()) ||
+                        (which == MlaProjection::fused_qkv_a && opt.residual_input);
+    return normed ? InputLayout::bf16_rmsnorm : InputLayout::bf16_rows;
+  }
   void check_common(const bf16* x, const bf16* y, const char* what) const;
   // The block's input: x itself, or rmsnorm(residual) * norm done inside fused_qkv_a's input pass.
   struct Input {
@@ -557,6 +564,10 @@ void MlaBlock::Impl::decode(const Input& in, const MlaDecodeBatch& batch, bf16* 
   }
 }
 
+Path MlaBlock::projection_path(MlaProjection which, int64_t tokens) const {
+  return impl_->layer(which).path_for(tokens, impl_->layout(which));
+}
+
 MlaExplanation MlaBlock::explain(int64_t tokens) const {
   const Impl& s = *impl_;
   const MlaConfig& c = s.cfg;
@@ -565,7 +576,7 @@ MlaExplanation MlaBlock::explain(int64_t tokens) const {
   e.block = s.opt.name + " (" + c.describe() + ") at M=" + std::to_string(tokens) + " tokens";
   auto add = [&](MlaProjection which, const std::string& shown, bool tagged, std::string role) {
     const ProjectionLayer& l = s.layer(which);
-    e.projections.push_back({which, shown, l.n(), l.k(), tagged, std::move(role), l.explain(tokens)});
+    e.projections.push_back({which, shown, l.n(), l.k(), tagged, std::move(role), l.explain(tokens, s.layout(which))});
   };
   const std::string rank = c.tp_size > 1 ? "rank " + std::to_string(c.tp_rank) + "/" + std::to_string(c.tp_size) + " " : "";
   const std::string qkv_what = c.has_q_lora() ? "q_a_proj + kv_a_proj_with_mqa in one GEMM" : "kv_a_proj_with_mqa (no q LoRA)";

@@ -122,6 +122,11 @@ TuneTable parse_tune_table(std::string_view text, const std::string& path) {
                     bk.m_lo, ", m_hi=", bk.m_hi, " after m_hi=", prev_hi);
       FP8PROJ_CHECK(bk.bf16_us > 0 && bk.fp8_us > 0, sw, ": bucket [", bk.m_lo, ", ", bk.m_hi,
                     "] has a non-positive time (bf16_us=", bk.bf16_us, ", fp8_us=", bk.fp8_us, ")");
+      if (b.contains("fp8_gemm_us")) {  // optional: tables written before it have none
+        bk.fp8_gemm_us = number_field(b, "fp8_gemm_us", sw, -kMaxMicros, kMaxMicros);
+        FP8PROJ_CHECK(bk.fp8_gemm_us > 0, sw, ": bucket [", bk.m_lo, ", ", bk.m_hi,
+                      "] has a non-positive time (fp8_gemm_us=", bk.fp8_gemm_us, ")");
+      }
       try {
         bk.config = parse_gemm_config(bk.fp8_backend, bk.fp8_config);
       } catch (const Error& e) {
@@ -144,13 +149,12 @@ void save_tune_table(const TuneTable& t, const std::string& path) {
   j["shapes"] = json::array();
   for (const auto& s : t.shapes) {
     json js = {{"n", s.n}, {"k", s.k}, {"threshold", s.threshold}, {"buckets", json::array()}};
-    for (const auto& b : s.buckets)
-      js["buckets"].push_back({{"m_lo", b.m_lo},
-                               {"m_hi", b.m_hi},
-                               {"fp8_backend", b.fp8_backend},
-                               {"fp8_config", b.fp8_config},
-                               {"bf16_us", b.bf16_us},
-                               {"fp8_us", b.fp8_us}});
+    for (const auto& b : s.buckets) {
+      json jb = {{"m_lo", b.m_lo},         {"m_hi", b.m_hi},     {"fp8_backend", b.fp8_backend},
+                 {"fp8_config", b.fp8_config}, {"bf16_us", b.bf16_us}, {"fp8_us", b.fp8_us}};
+      if (b.fp8_gemm_us > 0) jb["fp8_gemm_us"] = b.fp8_gemm_us;
+      js["buckets"].push_back(std::move(jb));
+    }
     j["shapes"].push_back(std::move(js));
   }
   std::ofstream out(path);

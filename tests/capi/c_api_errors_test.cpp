@@ -143,6 +143,8 @@ TEST(CApiErrors, NullHandles) {
                         "handle is null"));
   EXPECT_TRUE(FailsWith(fp8proj_projection_path(nullptr, 1, &path), "handle is null"));
   EXPECT_TRUE(FailsWith(fp8proj_projection_explain(nullptr, 1, buf, sizeof buf), "handle is null"));
+  EXPECT_TRUE(FailsWith(fp8proj_projection_path_input(nullptr, 1, 1, &path), "handle is null"));
+  EXPECT_TRUE(FailsWith(fp8proj_projection_explain_input(nullptr, 1, 1, buf, sizeof buf), "handle is null"));
   EXPECT_TRUE(FailsWith(fp8proj_projection_memory(nullptr, &bytes, nullptr, nullptr, nullptr), "handle is null"));
   EXPECT_TRUE(FailsWith(fp8proj_fp8_gemm_run(nullptr, host_bytes, nullptr, 4, 1, host_bytes, nullptr),
                         "handle is null"));

@@ -303,6 +303,36 @@ TEST(Selection, ForcedBackendKeepsOnlyItsOwnBuckets) {
   EXPECT_NE(sel.config_text(s).find("OpenBLAS"), std::string::npos) << "the plan describes its own choice";
 }
 
+// Behind a norm that writes the FP8 input itself (forward_rmsnorm) the FP8 path pays no
+// quantization: the bucket's GEMM-alone time decides. Without one, the quantize + GEMM verdict.
+TEST(Selection, NormedInputFollowsTheGemmAloneVerdict) {
+  SelectorSpec s = tuned_spec(Fp8Policy::all);
+  s.tuned->buckets[1].fp8_gemm_us = 55;  // [17, 64]: bf16 60 us, FP8 70 us with its quantization, 55 without
+  s.tuned->buckets[3].fp8_gemm_us = 210;  // [129, 1024]: FP8 150 us with its quantization: a slower GEMM alone
+  const Selector sel = make(s);
+  auto at = [&](int64_t m, InputLayout in) { return sel.select({m, 6144, 16384, in}); };
+  EXPECT_EQ(at(40, InputLayout::bf16_rows).path, Path::bf16);
+  Selection n = at(40, InputLayout::bf16_rmsnorm);
+  EXPECT_EQ(n.path, Path::fp8);
+  EXPECT_EQ(n.reason, SelectReason::bucket_fp8);
+  EXPECT_EQ(n.input, InputLayout::bf16_rmsnorm);
+  const std::string why = sel.reason_text(n);
+  EXPECT_NE(why.find("FP8 GEMM alone: the norm before it writes its FP8 input"), std::string::npos) << why;
+  EXPECT_NE(why.find("bf16 60.0 us, FP8 70.0 us (GEMM alone 55.0 us)"), std::string::npos) << why;
+  EXPECT_EQ(at(500, InputLayout::bf16_rows).path, Path::fp8);
+  EXPECT_EQ(at(500, InputLayout::bf16_rmsnorm).path, Path::bf16) << "the GEMM-alone time is the verdict there";
+  // A bucket without a GEMM-alone time (older tables) keeps its one verdict for both.
+  EXPECT_EQ(at(2000, InputLayout::bf16_rmsnorm).path, Path::bf16);
+  EXPECT_EQ(at(8, InputLayout::bf16_rmsnorm).path, Path::fp8);
+  EXPECT_EQ(sel.reason_text(at(8, InputLayout::bf16_rows)).find("GEMM alone"), std::string::npos);
+  // An explicit threshold overrides the buckets for both layouts.
+  SelectorSpec t = s;
+  t.tuned_decides = false;
+  t.threshold = 1000;
+  t.threshold_source = ThresholdSource::option;
+  EXPECT_EQ(make(t).select({40, 6144, 16384, InputLayout::bf16_rmsnorm}).reason, SelectReason::below_threshold);
+}
+
 TEST(Selection, PreQuantizedInputIsFp8) {
   const Selector sel = make(spec(16384, 2048, false));
   const Selection s = sel.select({64, 16384, 2048, InputLayout::fp8_quantized});

@@ -30,6 +30,7 @@ TuneTable sample() {
   s.threshold = 96;
   s.buckets = {{1, 16, "sm90_fp8_block", "m64n128_ws1_st8", 10, 12}, {17, 128, "sm90_fp8_block", "m64n128_ws1_st8", 20, 15},
                {129, 32768, "cublaslt_fp8_block", "", 100, 60}};
+  s.buckets[0].fp8_gemm_us = 9;  // the GEMM alone wins where quantize + GEMM loses
   t.shapes.push_back(s);
   return t;
 }
@@ -47,6 +48,12 @@ TEST(TuneTable, RoundTrip) {
   EXPECT_EQ(s.bucket_for(17)->fp8_config, "m64n128_ws1_st8");
   EXPECT_TRUE(s.bucket_for(64)->fp8_wins());
   EXPECT_FALSE(s.bucket_for(1)->fp8_wins());
+  // fp8_gemm_us is optional: kept where measured, 0 (and the one verdict for both) where not.
+  EXPECT_EQ(s.bucket_for(1)->fp8_gemm_us, 9);
+  EXPECT_TRUE(s.bucket_for(1)->fp8_gemm_wins());
+  EXPECT_EQ(s.bucket_for(64)->fp8_gemm_us, 0);
+  EXPECT_TRUE(s.bucket_for(64)->fp8_gemm_wins());
+  EXPECT_FALSE(s.bucket_for(200)->fp8_gemm_us > 0);
   EXPECT_EQ(s.bucket_for(40000), nullptr);
   // The configuration is parsed once, when the table loads.
   const auto* typed = std::get_if<sm90::Config>(&s.bucket_for(17)->config);
@@ -111,6 +118,12 @@ TEST(TuneTable, CorruptFilesAreRejectedClearly) {
   expect_rejected(R"({"format": "fp8proj-tune/1", )" + stamp +
                       R"(, "shapes": [{"n": 128, "k": 128, "threshold": 1, "buckets": [{"m_lo": 1, "m_hi": 4, "fp8_backend": "a", "fp8_config": "", "bf16_us": -1, "fp8_us": 1}]}]})",
                   "non-positive");
+  expect_rejected(R"({"format": "fp8proj-tune/1", )" + stamp +
+                      R"(, "shapes": [{"n": 128, "k": 128, "threshold": 1, "buckets": [{"m_lo": 1, "m_hi": 4, "fp8_backend": "a", "fp8_config": "", "bf16_us": 1, "fp8_us": 1, "fp8_gemm_us": 0}]}]})",
+                  "fp8_gemm_us");
+  expect_rejected(R"({"format": "fp8proj-tune/1", )" + stamp +
+                      R"(, "shapes": [{"n": 128, "k": 128, "threshold": 1, "buckets": [{"m_lo": 1, "m_hi": 4, "fp8_backend": "a", "fp8_config": "", "bf16_us": 1, "fp8_us": 1, "fp8_gemm_us": "x"}]}]})",
+                  "fp8_gemm_us");
   EXPECT_THROW(load_tune_table(temp_path("does_not_exist.json")), Error);
 }
 

@@ -351,4 +351,47 @@ TEST_F(CApiGpu, RmsnormQuantizeScaleFormats) {
   EXPECT_EQ(bad, 0) << "fp32-scale codes that do not decode to the normalized values";
 }
 
+// The path and explain() of a call through forward (input 0) and through forward_rmsnorm (input
+// 1): input 0 answers what fp8proj_projection_path / _explain answer; input 1 follows the tuned
+// bucket's GEMM-alone verdict where the table has one (the shipped table's M <= 64 buckets) and
+// says so; any other input is refused.
+TEST_F(CApiGpu, PathAndExplainPerInput) {
+  const int64_t n = 3072, k = 1536;  // DeepSeek-V3 q_b_proj at TP 8: a shipped tuned row
+  const uint16_t* dw = upload(std::vector<uint16_t>(n * k, bf16_of(0.01f)));
+  fp8proj_projection_options o;
+  ASSERT_EQ(fp8proj_projection_options_init(&o), 0);
+  o.enabled = 1;
+  o.policy = "all";
+  o.rmsnorm_input = 1;
+  o.apply_env = 0;
+  fp8proj_projection* p = nullptr;
+  ASSERT_EQ(fp8proj_projection_create(dw, n, k, &o, &p), 0) << last_error();
+  char a[1024], b[1024];
+  for (int64_t m : {1, 16, 40, 64, 4096}) {
+    int p0 = -1, p1 = -1, plain = -1;
+    ASSERT_EQ(fp8proj_projection_path(p, m, &plain), 0) << last_error();
+    ASSERT_EQ(fp8proj_projection_path_input(p, m, 0, &p0), 0) << last_error();
+    ASSERT_EQ(fp8proj_projection_path_input(p, m, 1, &p1), 0) << last_error();
+    EXPECT_EQ(p0, plain) << "M=" << m;
+    EXPECT_TRUE(p1 == 1 || p1 == 2) << "M=" << m << ": path " << p1;
+    ASSERT_EQ(fp8proj_projection_explain(p, m, a, sizeof a), 0) << last_error();
+    ASSERT_EQ(fp8proj_projection_explain_input(p, m, 0, b, sizeof b), 0) << last_error();
+    EXPECT_STREQ(a, b) << "M=" << m;
+    ASSERT_EQ(fp8proj_projection_explain_input(p, m, 1, b, sizeof b), 0) << last_error();
+    const std::string normed = b;
+    EXPECT_EQ(normed.rfind("M=" + std::to_string(m) + ": " + (p1 == 2 ? "fp8" : "bf16"), 0), 0) << normed;
+    if (normed.find("(GEMM alone ") != std::string::npos)  // the bucket has a GEMM-alone time: its verdict
+      EXPECT_NE(normed.find("FP8 GEMM alone: the norm before it writes its FP8 input"), std::string::npos) << normed;
+    printf("  [M=%lld] forward: %s\n           forward_rmsnorm: %s\n", static_cast<long long>(m), a, b);
+  }
+  int path = -1;
+  EXPECT_EQ(fp8proj_projection_path_input(p, 16, 2, &path), -1);
+  EXPECT_NE(last_error().find("input must be 0 (forward) or 1 (forward_rmsnorm), got 2"), std::string::npos)
+      << last_error();
+  EXPECT_EQ(fp8proj_projection_explain_input(p, 16, -1, a, sizeof a), -1);
+  EXPECT_EQ(fp8proj_projection_path_input(p, -1, 1, &path), -1);
+  EXPECT_EQ(fp8proj_projection_path_input(p, 16, 1, nullptr), -1);
+  fp8proj_projection_destroy(p);
+}
+
 }  // namespace

@@ -107,9 +107,8 @@ struct DecodeRow {
 size_t decode_weight_bytes(const MlaBlock& block, int64_t c) {
   size_t bytes = block.projection(MlaProjection::kv_b_proj).memory().bf16_weight;
   for (MlaProjection p : {MlaProjection::fused_qkv_a, MlaProjection::q_b_proj, MlaProjection::o_proj}) {
-    const ProjectionLayer& l = block.projection(p);
-    const ProjectionMemory m = l.memory();
-    bytes += l.path_for(c) == Path::fp8 ? m.fp8_values + m.fp8_scales : m.bf16_weight;
+    const ProjectionMemory m = block.projection(p).memory();
+    bytes += block.projection_path(p, c) == Path::fp8 ? m.fp8_values + m.fp8_scales : m.bf16_weight;
   }
   return bytes;
 }
@@ -361,11 +360,11 @@ void run_layer(const LayerArgs& a) {
       r.seqs = c;
       r.seqlen = L;
       r.tokens = T;
-      r.q_path = to_string(on.projection(MlaProjection::q_b_proj).path_for(T));
-      r.o_path = to_string(on.projection(MlaProjection::o_proj).path_for(T));
+      r.q_path = to_string(on.projection_path(MlaProjection::q_b_proj, T));
+      r.o_path = to_string(on.projection_path(MlaProjection::o_proj, T));
       r.fp8_backend = on.projection(MlaProjection::o_proj).explain(T).backend;
-      r.qkv_path = to_string(on.projection(MlaProjection::fused_qkv_a).path_for(T));
-      r.kv_b_path = to_string(on.projection(MlaProjection::kv_b_proj).path_for(T));
+      r.qkv_path = to_string(on.projection_path(MlaProjection::fused_qkv_a, T));
+      r.kv_b_path = to_string(on.projection_path(MlaProjection::kv_b_proj, T));
       // --residual: x is the residual stream and both blocks start with the input RMSNorm, the
       // flag-on one fused with fused_qkv_a's 1x128 quantization (prefill_residual).
       auto prefill_of = [&](MlaBlock& blk) {
@@ -454,9 +453,9 @@ void run_layer(const LayerArgs& a) {
         d.tp = tp;
         d.seqs = c;
         d.context = L + 1;
-        d.q_path = to_string(on.projection(MlaProjection::q_b_proj).path_for(c));
-        d.o_path = to_string(on.projection(MlaProjection::o_proj).path_for(c));
-        d.qkv_path = to_string(on.projection(MlaProjection::fused_qkv_a).path_for(c));
+        d.q_path = to_string(on.projection_path(MlaProjection::q_b_proj, c));
+        d.o_path = to_string(on.projection_path(MlaProjection::o_proj, c));
+        d.qkv_path = to_string(on.projection_path(MlaProjection::fused_qkv_a, c));
         d.weight_bytes_off = decode_weight_bytes(off, c);
         d.weight_bytes_on = decode_weight_bytes(on, c);
         d.cache_bytes = static_cast<size_t>(c) * static_cast<size_t>(L + 1) * static_cast<size_t>(cfg.cache_width()) *
@@ -469,8 +468,10 @@ void run_layer(const LayerArgs& a) {
         if (a.policy == "all")
           for (MlaProjection p : {MlaProjection::fused_qkv_a, MlaProjection::q_b_proj, MlaProjection::o_proj}) {
             const ProjectionLayer& l = on.projection(p);
-            if (l.options().fp8 && l.path_for(c) != Path::fp8)
-              d.why_bf16 += fmt::format("      {} at M={} stays bf16: {}\n", to_string(p), c, l.explain(c).reason);
+            if (l.options().fp8 && on.projection_path(p, c) != Path::fp8)
+              for (const MlaProjectionExplanation& pe : on.explain(c).projections)
+                if (pe.which == p)
+                  d.why_bf16 += fmt::format("      {} at M={} stays bf16: {}\n", to_string(p), c, pe.path.reason);
           }
         // The caches hold every sequence's L tokens (the prefills above); the step decodes token L.
         // Both steps read the flag-off prefill's cache, so that the comparison is of the decode

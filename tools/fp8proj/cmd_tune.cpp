@@ -28,6 +28,7 @@
 #include "fp8proj/tuner.hpp"
 #include "gatecheck.hpp"
 #include "tune_common.hpp"
+#include "tune_retime.hpp"
 
 namespace fp8proj::cli {
 
@@ -48,6 +49,7 @@ struct TuneArgs {
   std::string from;  // summarize this table, measure nothing
   CheckArgs check;   // --check FILE
   std::string check_file;
+  std::string retime_file;  // --retime FILE
 };
 
 // One shape to tune: the model shapes that share (N, K) under one label.
@@ -503,7 +505,10 @@ void run_tune(const TuneArgs& a) {
       progress.clear();
       print_shape_result(job, choices, tune::select_threshold(choices));
       std::fflush(stdout);
-      const TunedShape row = tune::make_tuned_shape(job.n, job.k, choices);  // throws if a bucket is incomplete
+      // The chosen configurations timed again, bf16, quantize + GEMM and the GEMM alone in the
+      // same rounds: the table's times, and the verdict behind a fused producer (fp8_gemm_us).
+      const TunedShape row = retime_row(space, tune::make_tuned_shape(job.n, job.k, choices),  // throws if incomplete
+                                        0, topt, job.label);
       table.shapes.push_back(row);
       summaries.push_back({job.label, row});
       done.emplace_back(job, st.rows());
@@ -598,13 +603,35 @@ void register_tune(CLI::App& app) {
       ->needs(check);
   cmd->add_option("--json", a->check.json, "--check: results as JSON (default: --csv with .json)")->needs(check);
   cmd->add_flag("--no-fail", a->check.no_fail, "--check: report violations but exit 0")->needs(check);
-  cmd->add_flag("--force", a->check.force, "--check: validate a table stamped for another GPU")->needs(check);
+  auto* force = cmd->add_flag("--force", a->check.force, "--check, --retime: take a table stamped for another GPU");
+  // Re-timing a table's buckets with their own configurations (tune_retime.cpp).
+  auto* retime = cmd->add_option("--retime", a->retime_file,
+                                 "Re-time TABLE's buckets (M <= --max-m) with their own configurations: bf16, FP8 "
+                                 "quantize + GEMM and the FP8 GEMM alone (fp8_gemm_us) in the same rounds; writes --out");
   for (CLI::Option* measuring_only : {model, tp, shape, max_m, first_bucket, max_split, margin, budget, dry_run, out})
     check->excludes(measuring_only);
+  for (CLI::Option* not_retime : {model, tp, shape, first_bucket, max_split, margin, budget, dry_run, cpu, csv, check})
+    retime->excludes(not_retime);
   for (CLI::Option* not_summary : {model, tp, shape, max_m, first_bucket, reps, warmup, max_split, budget, no_flush,
-                                   cpu, dry_run, out, csv, check})
+                                   cpu, dry_run, out, csv, check, retime})
     from->excludes(not_summary);
-  cmd->callback([a] {
+  cmd->callback([a, force] {
+    FP8PROJ_CHECK(force->count() == 0 || !a->check_file.empty() || !a->retime_file.empty(),
+                  "--force applies to --check and --retime only");
+    if (!a->retime_file.empty()) {
+      FP8PROJ_CHECK(!a->out.empty(), "--retime writes a new table: give --out");
+      RetimeArgs r;
+      r.table = a->retime_file;
+      r.out = a->out;
+      r.md = a->md;
+      r.max_m = a->max_m;
+      r.reps = a->reps;
+      r.warmup = a->warmup;
+      r.no_flush = a->no_flush;
+      r.force = a->check.force;
+      run_retime(r);
+      return;
+    }
     if (!a->check_file.empty()) {
       CheckArgs c = a->check;
       c.table = a->check_file;

@@ -66,6 +66,13 @@ def cases(tmp):
         ("tune_margin_negative", ["tune", "--cpu", "--margin", "-100", "--dry-run"], {}, False, "--margin"),
         ("tune_margin_inf", ["tune", "--cpu", "--margin", "inf", "--dry-run"], {}, False, "--margin"),
         ("tune_tolerance_nan", ["tune", "--cpu", "--check", nostamp, "--tolerance", "nan"], {}, False, "--tolerance"),
+        # --retime: it writes a new table, measures the GPU (never the CPU reference), takes no tuning options.
+        ("tune_retime_no_out", ["tune", "--retime", nostamp], {}, False, "give --out"),
+        ("tune_retime_cpu", ["tune", "--retime", nostamp, "--cpu", "--out", os.path.join(tmp, "r.json")], {}, False,
+         "--cpu"),
+        ("tune_retime_margin", ["tune", "--retime", nostamp, "--margin", "5", "--out", os.path.join(tmp, "r.json")],
+         {}, False, "--margin"),
+        ("tune_force_alone", ["tune", "--cpu", "--force", "--dry-run"], {}, False, "--force applies to --check and --retime"),
         ("verify_case", ["verify", "--case", "99999999999999999999x8x8"], {}, False, "--case M"),
         # Writing to a full disk is an error, not a silent exit 0.
         ("bench_csv_dev_full", ["bench", "--cpu", "--m", "1", "--reps", "1", "--shape", "128x128", "--csv", "/dev/full"],

@@ -187,26 +187,13 @@ class ShapeTuner {
     return o;
   }
 
-  // The layer that runs exactly this candidate at every M: FP8 forced on (threshold and
-  // ceiling 0), the backend forced, and a one-bucket table row that forces the configuration.
+  // The layer that runs exactly this candidate at every M (forced_fp8_layer, tune_retime.hpp).
   ProjectionLayer* layer_for(const GemmBackend* be, const std::string& config) {
     const auto key = std::make_pair(std::string(be->name()), config);
     if (auto it = fp8_.find(key); it != fp8_.end()) return it->second.get();
     ProjectionOptions o = base_options();
     o.name = job_.label + " " + candidate_name(key.first, config);
-    o.fp8 = true;
-    o.threshold = 0;
-    o.decode_ceiling = 0;
-    o.fp8_backend = key.first;
-    TunedShape row;
-    row.n = job_.n;
-    row.k = job_.k;
-    row.threshold = 0;
-    row.buckets = {{1, rows_cap_, key.first, config, 1.0, 1.0, HeuristicConfig{}}};  // names parsed by the layer
-    o.tuned = row;
-    auto layer = std::make_unique<ProjectionLayer>(space_, w_.data(), job_.n, job_.k, o);
-    FP8PROJ_CHECK(layer->has_fp8_copy(), o.name, ": no FP8 path (", layer->explain(1).reason, ")");
-    return (fp8_[key] = std::move(layer)).get();
+    return (fp8_[key] = forced_fp8_layer(space_, w_.data(), job_.n, job_.k, o, key.first, config, rows_cap_)).get();
   }
 
   ProjectionLayer* layer_of(const GemmBackend* be, const std::string& config) {

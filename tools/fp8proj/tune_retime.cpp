@@ -28,6 +28,24 @@ double gmean(const std::vector<double>& v) {
 
 }  // namespace
 
+std::unique_ptr<ProjectionLayer> forced_fp8_layer(MemorySpace space, const bf16* weight, int64_t n, int64_t k,
+                                                  ProjectionOptions o, const std::string& backend,
+                                                  const std::string& config, int64_t rows_cap) {
+  o.fp8 = true;
+  o.threshold = 0;
+  o.decode_ceiling = 0;
+  o.fp8_backend = backend;
+  TunedShape one;
+  one.n = n;
+  one.k = k;
+  one.threshold = 0;
+  one.buckets = {{1, rows_cap, backend, config, 1.0, 1.0, HeuristicConfig{}}};  // names parsed by the layer
+  o.tuned = one;
+  auto layer = std::make_unique<ProjectionLayer>(space, weight, n, k, o);
+  FP8PROJ_CHECK(layer->has_fp8_copy(), o.name, ": no FP8 path (", layer->explain(1).reason, ")");
+  return layer;
+}
+
 TunedShape retime_row(MemorySpace space, const TunedShape& row, int64_t max_m, const TimingOptions& topt,
                       const std::string& label) {
   int64_t rows_cap = 0;
@@ -58,19 +76,7 @@ TunedShape retime_row(MemorySpace space, const TunedShape& row, int64_t max_m, c
     if (auto it = fp8_layers.find(key); it != fp8_layers.end()) return *it->second;
     ProjectionOptions o = base;
     o.name = label + " " + b.fp8_backend + (b.fp8_config.empty() ? " (heuristic)" : " " + b.fp8_config);
-    o.fp8 = true;
-    o.threshold = 0;
-    o.decode_ceiling = 0;
-    o.fp8_backend = b.fp8_backend;
-    TunedShape one;
-    one.n = row.n;
-    one.k = row.k;
-    one.threshold = 0;
-    one.buckets = {{1, rows_cap, b.fp8_backend, b.fp8_config, 1.0, 1.0, HeuristicConfig{}}};
-    o.tuned = one;
-    auto layer = std::make_unique<ProjectionLayer>(space, w.data(), row.n, row.k, o);
-    FP8PROJ_CHECK(layer->has_fp8_copy(), o.name, ": no FP8 path (", layer->explain(1).reason, ")");
-    return *(fp8_layers[key] = std::move(layer));
+    return *(fp8_layers[key] = forced_fp8_layer(space, w.data(), row.n, row.k, o, b.fp8_backend, b.fp8_config, rows_cap));
   };
 
   for (TunedBucket& b : out.buckets) {

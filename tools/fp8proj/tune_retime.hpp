@@ -3,13 +3,22 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "fp8proj/memory.hpp"
+#include "fp8proj/projection.hpp"
 #include "fp8proj/timing.hpp"
 #include "fp8proj/tune.hpp"
 
 namespace fp8proj::cli {
+
+// The layer that runs exactly one FP8 candidate at every M up to rows_cap: FP8 forced on
+// (threshold and ceiling 0), the backend forced, and a one-bucket tuned row that forces the
+// configuration ("" = the backend's heuristic). `base` gives the name, workspace and the rest.
+std::unique_ptr<ProjectionLayer> forced_fp8_layer(MemorySpace space, const bf16* weight, int64_t n, int64_t k,
+                                                  ProjectionOptions base, const std::string& backend,
+                                                  const std::string& config, int64_t rows_cap);
 
 // Times each bucket of `row` with m_hi <= max_m at its sample points (edges and geometric
 // middle, tuner.hpp) with the bucket's own FP8 backend and configuration: bf16, FP8 from bf16

@@ -353,8 +353,8 @@ TEST_F(CApiGpu, RmsnormQuantizeScaleFormats) {
 
 // The path and explain() of a call through forward (input 0) and through forward_rmsnorm (input
 // 1): input 0 answers what fp8proj_projection_path / _explain answer; input 1 follows the tuned
-// bucket's GEMM-alone verdict where the table has one (the shipped table's M <= 64 buckets) and
-// says so; any other input is refused.
+// bucket's GEMM-alone verdict where the bucket has a GEMM-alone time (fp8_gemm_us) and says so;
+// any other input is refused.
 TEST_F(CApiGpu, PathAndExplainPerInput) {
   const int64_t n = 3072, k = 1536;  // DeepSeek-V3 q_b_proj at TP 8: a shipped tuned row
   const uint16_t* dw = upload(std::vector<uint16_t>(n * k, bf16_of(0.01f)));

@@ -145,6 +145,9 @@ struct CostModel {
   double per_timing_us = 300;                   // events, synchronisation, host bookkeeping
 };
 // Device time of one call of the bf16 path or the FP8 path (quantization + GEMM).
+// The geometric mean of positive times (a bucket's time over its points); 0 for none.
+double gmean(const std::vector<double>& v);
+
 double estimate_call_us(bool fp8, int64_t m, int64_t n, int64_t k, const CostModel& c = {});
 // One timing: warm-up + reps calls, each preceded by a flush when flush is set.
 double estimate_timing_us(bool fp8, int64_t m, int64_t n, int64_t k, int warmup, int reps, bool flush,

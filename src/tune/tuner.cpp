@@ -73,12 +73,6 @@ int64_t step_in(const BucketChoice& c, const StepFn& step) {
   return s >= c.bucket.lo && s < c.bucket.hi ? s : 0;
 }
 
-double gmean(const std::vector<double>& v) {
-  double s = 0;
-  for (double x : v) s += std::log(x);
-  return v.empty() ? 0.0 : std::exp(s / static_cast<double>(v.size()));
-}
-
 // The time of one (kind, backend, config) at M, or 0 when it was not measured or failed.
 double find_us(const std::vector<Measurement>& ms, int64_t m, bool fp8, const std::string& backend,
                const std::string& config) {
@@ -89,6 +83,12 @@ double find_us(const std::vector<Measurement>& ms, int64_t m, bool fp8, const st
 }
 
 }  // namespace
+
+double gmean(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += std::log(x);
+  return v.empty() ? 0.0 : std::exp(s / static_cast<double>(v.size()));
+}
 
 BucketChoice choose_bucket(const Bucket& b, const std::vector<Measurement>& ms, double margin) {
   BucketChoice c;

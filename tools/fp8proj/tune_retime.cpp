@@ -5,7 +5,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -17,16 +16,6 @@
 #include "fp8proj/tuner.hpp"
 
 namespace fp8proj::cli {
-
-namespace {
-
-double gmean(const std::vector<double>& v) {
-  double s = 0;
-  for (double x : v) s += std::log(x);
-  return std::exp(s / static_cast<double>(v.size()));
-}
-
-}  // namespace
 
 std::unique_ptr<ProjectionLayer> forced_fp8_layer(MemorySpace space, const bf16* weight, int64_t n, int64_t k,
                                                   ProjectionOptions o, const std::string& backend,
@@ -99,9 +88,9 @@ TunedShape retime_row(MemorySpace space, const TunedShape& row, int64_t max_m, c
       t_fp8.push_back(t[1]);
       t_gemm.push_back(t[2]);
     }
-    b.bf16_us = gmean(t_bf16);
-    b.fp8_us = gmean(t_fp8);
-    b.fp8_gemm_us = gmean(t_gemm);
+    b.bf16_us = tune::gmean(t_bf16);
+    b.fp8_us = tune::gmean(t_fp8);
+    b.fp8_gemm_us = tune::gmean(t_gemm);
   }
   return out;
 }

@@ -3,8 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <variant>
@@ -152,6 +154,38 @@ TEST(TuneTable, ShippedTablesAreFoundNextToTheBinaries) {
   for (const auto& d : dirs) found = found || std::ifstream(d + "/nvidia-h200.json").good();
   EXPECT_TRUE(found) << "looked in " << dirs.front() << " and " << dirs.size() - 1 << " more";
   for (const auto& d : dirs) EXPECT_NE(d.find("share/fp8proj/configs"), std::string::npos) << d;
+}
+
+// Every shipped table loads (configuration names and buckets checked), is named after the GPU
+// its stamp names (the file a device looks for), covers M from 1 with no gap, and tunes the same
+// weight shapes as the others: a GPU with a table is not left on defaults for some projection.
+TEST(TuneTable, EveryShippedTableLoadsAndCoversTheSameShapes) {
+  std::string dir;
+  for (const auto& d : tune_table_dirs())
+    if (dir.empty() && std::filesystem::is_directory(d)) dir = d;
+  ASSERT_FALSE(dir.empty()) << "no shipped table directory";
+  std::vector<std::filesystem::path> files;
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    if (e.path().extension() == ".json") files.push_back(e.path());
+  ASSERT_GE(files.size(), 2u) << dir;  // nvidia-h200.json, nvidia-h100-80gb-hbm3.json
+  std::set<std::pair<int64_t, int64_t>> first;
+  for (const auto& f : files) {
+    SCOPED_TRACE(f.string());
+    const TuneTable t = load_tune_table(f.string());
+    EXPECT_EQ(tune_file_name(t.stamp.gpu_name), f.filename().string());
+    EXPECT_GT(t.stamp.sm_count, 0);
+    std::set<std::pair<int64_t, int64_t>> shapes;
+    for (const TunedShape& s : t.shapes) {
+      shapes.insert({s.n, s.k});
+      ASSERT_FALSE(s.buckets.empty()) << s.n << "x" << s.k;
+      EXPECT_EQ(s.buckets.front().m_lo, 1) << s.n << "x" << s.k;
+      for (size_t i = 1; i < s.buckets.size(); ++i)
+        EXPECT_EQ(s.buckets[i].m_lo, s.buckets[i - 1].m_hi + 1) << s.n << "x" << s.k << " bucket " << i;
+    }
+    EXPECT_EQ(shapes.size(), t.shapes.size()) << "a shape listed twice";
+    if (first.empty()) first = shapes;
+    EXPECT_EQ(shapes, first) << "tunes other shapes than " << files.front();
+  }
 }
 
 TEST(TuneTable, FileNameFromGpuName) {

@@ -120,18 +120,23 @@ want design && [ -x "$BIN/sm90_fp8_gemm_harness" ] && \
 DENSE_SHAPES=2624x6144,2112x7168,28672x512,14336x512,7168x512,3584x512,32768x512,16384x512,8192x512,4096x512
 want tune_dense && run tune_dense 300 "$FP8" tune --shape "$DENSE_SHAPES" --budget "${TUNE_DENSE_BUDGET:-170}" \
   --out "$R/tune_dense.json" --csv "$R/tune_dense.csv" --md "$R/tune_dense.md"
-want tune && run tune 420 "$FP8" tune --model glm5,deepseek-v3 --tp 1,2,4,8 --out "$R/nvidia-h200.json" \
+# This GPU's table file (src/tune/table.cpp tune_file_name: lower-case alphanumerics, any other
+# run as one '-'): nvidia-h200.json, nvidia-h100-80gb-hbm3.json.
+GPU_TABLE=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 |
+  tr '[:upper:]' '[:lower:]' | sed -E 's/[^a-z0-9]+/-/g; s/^-+//; s/-+$//').json
+[ "$GPU_TABLE" = ".json" ] && GPU_TABLE=nvidia-h200.json
+want tune && run tune 420 "$FP8" tune --model glm5,deepseek-v3 --tp 1,2,4,8 --out "$R/$GPU_TABLE" \
   --csv "$R/tune.csv" --md "$R/tune.md"
 # Later steps measure with the table just made (the layer reads it at construction), else with
 # the shipped one named explicitly: carried binaries look for configs/ under the tree they were
 # built from, which need not exist here, and without a table the gate falls back to FP8 above
 # M = 512 under either policy (a decode step under `all` then stays bf16).
-TABLE=configs/nvidia-h200.json
-if [ -s "$R/nvidia-h200.json" ]; then
-  TABLE="$R/nvidia-h200.json"
+TABLE="configs/$GPU_TABLE"
+if [ -s "$R/$GPU_TABLE" ]; then
+  TABLE="$R/$GPU_TABLE"
   export FP8PROJ_TUNE_FILE="$TABLE"
-elif [ -z "${FP8PROJ_TUNE_FILE:-}" ] && [ -s configs/nvidia-h200.json ]; then
-  export FP8PROJ_TUNE_FILE="$PWD/configs/nvidia-h200.json"
+elif [ -z "${FP8PROJ_TUNE_FILE:-}" ] && [ -s "configs/$GPU_TABLE" ]; then
+  export FP8PROJ_TUNE_FILE="$PWD/configs/$GPU_TABLE"
 fi
 [ -n "${FP8PROJ_TUNE_FILE:-}" ] && log "using $FP8PROJ_TUNE_FILE"
 want bench && run bench 420 "$FP8" bench --csv "$R/bench.csv" --json "$R/bench.json"
@@ -288,9 +293,11 @@ want tests3 && for i in 1 2 3; do
 done
 want check && {  # a corrupt and a mismatched table are rejected with one line; the layer still works
   echo '{not json' >"$R/bad.json"
-  python3 -c "import json,sys;t=json.load(open(sys.argv[1]));t['stamp']['gpu_name']='NVIDIA H100 80GB HBM3';json.dump(t,open(sys.argv[2],'w'))" \
-    "$TABLE" "$R/h100.json" 2>/dev/null
-  for f in bad h100; do
+  other="NVIDIA H100 80GB HBM3"  # a table stamped for a GPU this one is not
+  [ "$GPU_TABLE" = nvidia-h100-80gb-hbm3.json ] && other="NVIDIA H200"
+  python3 -c "import json,sys;t=json.load(open(sys.argv[1]));t['stamp']['gpu_name']=sys.argv[3];json.dump(t,open(sys.argv[2],'w'))" \
+    "$TABLE" "$R/other_gpu.json" "$other" 2>/dev/null
+  for f in bad other_gpu; do
     FP8PROJ_TUNE_FILE="$R/$f.json" "$FP8" explain --fp8 --model glm5 --tp 1 --m 1,4096 >"$R/reject_$f.log" 2>&1
     echo "rc=$?" >>"$R/reject_$f.log"
   done

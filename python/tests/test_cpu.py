@@ -469,3 +469,28 @@ def test_transformers_patch_dsa_expand_kv(cls_name):
         assert torch.equal(model(ids).logits, want)
     unpatch(model)
     assert "expand_kv" not in attn.__dict__
+
+
+def test_packaged_tables_are_found_by_gpu_name(monkeypatch):
+    # Every table the package carries is the one its GPU's name maps to (the C++ file-name rule),
+    # and the import points FP8PROJ_TUNE_FILE at it -- but never over a user's own setting, and
+    # not at all for a GPU without a table.
+    import json
+
+    tables = sorted((_lib._HERE / "configs").glob("*.json"))
+    names = {t.name for t in tables}
+    assert {"nvidia-h200.json", "nvidia-h100-80gb-hbm3.json"} <= names, names
+    for t in tables:
+        gpu = json.loads(t.read_text())["stamp"]["gpu_name"]
+        assert _lib._tune_file_name(gpu) == t.name, (gpu, t.name)
+        monkeypatch.delenv("FP8PROJ_TUNE_FILE", raising=False)
+        _lib._point_at_packaged_table(gpu)
+        assert os.environ["FP8PROJ_TUNE_FILE"] == str(t)
+    monkeypatch.delenv("FP8PROJ_TUNE_FILE", raising=False)
+    _lib._point_at_packaged_table("NVIDIA H800 PCIe")
+    assert "FP8PROJ_TUNE_FILE" not in os.environ
+    monkeypatch.setenv("FP8PROJ_TUNE_FILE", "/my/table.json")
+    _lib._point_at_packaged_table("NVIDIA H200")
+    assert os.environ["FP8PROJ_TUNE_FILE"] == "/my/table.json"
+    assert _lib._tune_file_name("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3.json"
+    assert _lib._tune_file_name("  NVIDIA--H200 ") == "nvidia-h200.json"

@@ -191,6 +191,7 @@ TEST(TuneTable, EveryShippedTableLoadsAndCoversTheSameShapes) {
 TEST(TuneTable, FileNameFromGpuName) {
   EXPECT_EQ(tune_file_name("NVIDIA H200"), "nvidia-h200.json");
   EXPECT_EQ(tune_file_name("NVIDIA H100 80GB HBM3"), "nvidia-h100-80gb-hbm3.json");
+  EXPECT_EQ(tune_file_name("  NVIDIA--H200 "), "nvidia-h200.json");  // as the Python package's _tune_file_name
 }
 
 // What one plan is told per M: the buckets it runs, with "" (its heuristic) kept so a bucket

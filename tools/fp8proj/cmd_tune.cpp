@@ -421,7 +421,11 @@ void run_tune(const TuneArgs& a) {
         us += tune::estimate_timing_us(false, m, j.n, j.k, topt.warmup, reps, topt.flush_l2, cm);
         const size_t nc = candidates_at(backends, m, j.n, j.k, buckets0).size();
         us += nc * tune::estimate_timing_us(true, m, j.n, j.k, topt.warmup, reps, topt.flush_l2, cm);
-        timings += 1 + static_cast<int64_t>(nc);
+        // The chosen configuration re-timed at the same points (retime_row): bf16, quantize +
+        // GEMM and the GEMM alone, in the same rounds.
+        us += tune::estimate_timing_us(false, m, j.n, j.k, topt.warmup, reps, topt.flush_l2, cm) +
+              2 * tune::estimate_timing_us(true, m, j.n, j.k, topt.warmup, reps, topt.flush_l2, cm);
+        timings += 1 + static_cast<int64_t>(nc) + 3;
       }
     }
     return us;

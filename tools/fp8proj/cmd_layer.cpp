@@ -465,14 +465,11 @@ void run_layer(const LayerArgs& a) {
           d.floor_on_us = byte_floor_us(double(d.weight_bytes_on + d.cache_bytes), read_bw);
           d.weight_floor_on_us = byte_floor_us(double(d.weight_bytes_on), read_bw);
         }
-        if (a.policy == "all")
-          for (MlaProjection p : {MlaProjection::fused_qkv_a, MlaProjection::q_b_proj, MlaProjection::o_proj}) {
-            const ProjectionLayer& l = on.projection(p);
-            if (l.options().fp8 && on.projection_path(p, c) != Path::fp8)
-              for (const MlaProjectionExplanation& pe : on.explain(c).projections)
-                if (pe.which == p)
-                  d.why_bf16 += fmt::format("      {} at M={} stays bf16: {}\n", to_string(p), c, pe.path.reason);
-          }
+        if (a.policy == "all")  // the decode step's own projections (kv_b_proj is absorbed there)
+          for (const MlaProjectionExplanation& pe : on.explain(c).projections)
+            if (pe.which != MlaProjection::kv_b_proj && on.projection(pe.which).options().fp8 &&
+                pe.path.path != Path::fp8)
+              d.why_bf16 += fmt::format("      {} at M={} stays bf16: {}\n", to_string(pe.which), c, pe.path.reason);
         // The caches hold every sequence's L tokens (the prefills above); the step decodes token L.
         // Both steps read the flag-off prefill's cache, so that the comparison is of the decode
         // step alone: with fused_qkv_a on FP8 the flag-on prefill writes other latents, and

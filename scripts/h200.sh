@@ -12,6 +12,7 @@
 #                                               faults sanitize_all tune_dense deepgemm_ntail
 #                                               python_overhead python_tests python_bench soak
 #                                               python_fp8ckpt python_decode pdl_ab layer_ab floor
+#                                               retime table_ab
 #                                               (default: info tests verify bench layer harness
 #                                               sanitize)
 # Each step has its own timeout so that one hang cannot eat the whole budget.
@@ -73,7 +74,8 @@ else
   gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
   cmake -S . -B build-h200 "${gen[@]}" -DCMAKE_BUILD_TYPE=Release >"$R/configure.log" 2>&1 || { tail -30 "$R/configure.log"; exit 1; }
   t0=$SECONDS
-  cmake --build build-h200 -j "$(nproc)" >"$R/build.log" 2>&1 || { grep -E "error|Error" "$R/build.log" | head -40; exit 1; }
+  # shellcheck disable=SC2086  # H200_BUILD_TARGETS is a list of targets
+  cmake --build build-h200 -j "$(nproc)" ${H200_BUILD_TARGETS:+--target $H200_BUILD_TARGETS} >"$R/build.log" 2>&1 || { grep -E "error|Error" "$R/build.log" | head -40; exit 1; }
   log "built in $((SECONDS - t0)) s"
   mkdir -p "$BIN"
   cp build-h200/tools/fp8proj/fp8proj build-h200/tests/fp8proj_cpu_tests build-h200/tests/gpu/fp8proj_gpu_tests "$BIN"/ 2>/dev/null
@@ -203,6 +205,43 @@ want pdl_ab && {
 # and GLM-5 at TP 1 and 8, C = 16 and 64, with LAYER_AB_ARGS (default --no-prefill: the step
 # alone). scripts/layer_ab.py writes $R/layer_ab/summary.md: per point and build the medians, the
 # flag's speedup and each build's time against the base's.
+# retime: this GPU's shipped table re-timed with its own configurations (`fp8proj tune --retime`,
+# every bucket, RETIME_REPS calls each, default 30): bf16, quantize + GEMM and the GEMM alone
+# (fp8_gemm_us: the verdict behind a norm that writes the FP8 input) in the same rounds. The new
+# table and its markdown go to $R/retime/; a later table_ab step compares the two.
+want retime && {
+  mkdir -p "$R/retime"
+  run retime 420 "$FP8" tune --retime "configs/$GPU_TABLE" --reps "${RETIME_REPS:-30}" \
+    --out "$R/retime/$GPU_TABLE" --md "$R/retime/retime.md"
+}
+# table_ab: the decode step with the shipped table (label `shipped`) against another one
+# (TABLE_AB_NEW, default the retime step's, label `retimed`), interleaved per model and round
+# (TABLE_AB_ROUNDS, default 2); same points and summary as layer_ab, plus `explain` of the
+# projections at decode M under both tables.
+want table_ab && {
+  mkdir -p "$R/table_ab"
+  new_table=${TABLE_AB_NEW:-$R/retime/$GPU_TABLE}
+  if [ ! -s "$new_table" ]; then
+    log "skip table_ab: no second table ($new_table)"
+  else
+    for label in shipped retimed; do
+      t="$PWD/configs/$GPU_TABLE"; [ $label = retimed ] && t=$new_table
+      FP8PROJ_TUNE_FILE=$t run "table_ab_explain_$label" 60 "$FP8" explain --model glm5,deepseek-v3 --tp 1,8 \
+        --m 1,16,32,64 --fp8 --policy all
+    done
+    for round in $(seq 1 "${TABLE_AB_ROUNDS:-2}"); do
+      for model in deepseek-v3 glm5; do
+        for label in shipped retimed; do
+          t="$PWD/configs/$GPU_TABLE"; [ $label = retimed ] && t=$new_table
+          FP8PROJ_TUNE_FILE=$t run "table_ab_${model}_${label}_r$round" 120 "$FP8" layer --model "$model" --tp 1,8 \
+            --seqs 16,64 --seqlen 1024 --fp8-all-dense --policy all --reps 50 --no-prefill \
+            --json "$R/table_ab/layer_${model}_${label}_r$round.json" >/dev/null
+        done
+      done
+    done
+    python3 scripts/layer_ab.py "$R/table_ab" --base shipped --md "$R/table_ab/summary.md" --csv "$R/table_ab/summary.csv"
+  fi
+}
 want layer_ab && {
   mkdir -p "$R/layer_ab"
   if [ -z "${LAYER_AB_BASE:-}" ] || [ ! -x "${LAYER_AB_BASE}" ]; then

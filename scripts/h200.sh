@@ -215,7 +215,7 @@ want retime && {
     --out "$R/retime/$GPU_TABLE" --md "$R/retime/retime.md"
 }
 # table_ab: the decode step with the shipped table (label `shipped`) against another one
-# (TABLE_AB_NEW, default the retime step's, label `retimed`), interleaved per model and round
+# (TABLE_AB_NEW, default the retime step's; label TABLE_AB_LABEL, default `retimed`), interleaved per model and round
 # (TABLE_AB_ROUNDS, default 2); same points and summary as layer_ab, plus `explain` of the
 # projections at decode M under both tables.
 want table_ab && {
@@ -224,15 +224,16 @@ want table_ab && {
   if [ ! -s "$new_table" ]; then
     log "skip table_ab: no second table ($new_table)"
   else
-    for label in shipped retimed; do
-      t="$PWD/configs/$GPU_TABLE"; [ $label = retimed ] && t=$new_table
+    other=${TABLE_AB_LABEL:-retimed}
+    for label in shipped "$other"; do
+      t="$PWD/configs/$GPU_TABLE"; [ "$label" = "$other" ] && t=$new_table
       FP8PROJ_TUNE_FILE=$t run "table_ab_explain_$label" 60 "$FP8" explain --model glm5,deepseek-v3 --tp 1,8 \
         --m 1,16,32,64 --fp8 --policy all
     done
     for round in $(seq 1 "${TABLE_AB_ROUNDS:-2}"); do
       for model in deepseek-v3 glm5; do
-        for label in shipped retimed; do
-          t="$PWD/configs/$GPU_TABLE"; [ $label = retimed ] && t=$new_table
+        for label in shipped "$other"; do
+          t="$PWD/configs/$GPU_TABLE"; [ "$label" = "$other" ] && t=$new_table
           FP8PROJ_TUNE_FILE=$t run "table_ab_${model}_${label}_r$round" 120 "$FP8" layer --model "$model" --tp 1,8 \
             --seqs 16,64 --seqlen 1024 --fp8-all-dense --policy all --reps 50 --no-prefill \
             --json "$R/table_ab/layer_${model}_${label}_r$round.json" >/dev/null

@@ -51,7 +51,22 @@ void run_explain(const ExplainArgs& a) {
                "workspace {:.1f} MiB\n",
                mem.bf16_weight / 1048576.0, mem.fp8_values / 1048576.0, mem.fp8_scales / 1024.0,
                100.0 * mem.fp8_overhead(), mem.workspace / 1048576.0);
-    for (int64_t m : ms) fmt::print("  {}\n", layer.explain(m).to_string());
+    // q_b_proj's input is written by q_a_layernorm, fused with its 1x128 quantization (the MLA
+    // block and the Python patch call it so): the FP8 path pays no quantization of its own, and the
+    // gate follows the bucket's GEMM-alone time. Where the block's verdict differs from the one on
+    // bf16 rows (e.g. a module called on bf16 activations), both are shown.
+    const bool behind_norm = s.gemm == "q_b_proj";
+    if (behind_norm) fmt::print("  as the MLA block calls it: behind q_a_layernorm, which writes its FP8 input\n");
+    for (int64_t m : ms) {
+      const Explanation rows = layer.explain(m);
+      if (!behind_norm) {
+        fmt::print("  {}\n", rows.to_string());
+        continue;
+      }
+      const Explanation normed = layer.explain(m, InputLayout::bf16_rmsnorm);
+      fmt::print("  {}\n", normed.to_string());
+      if (normed.path != rows.path) fmt::print("    on bf16 rows instead: {}\n", rows.to_string());
+    }
   }
 }
 }  // namespace

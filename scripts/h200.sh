@@ -225,16 +225,15 @@ want table_ab && {
     log "skip table_ab: no second table ($new_table)"
   else
     other=${TABLE_AB_LABEL:-retimed}
+    table_of() { if [ "$1" = "$other" ]; then echo "$new_table"; else echo "$PWD/configs/$GPU_TABLE"; fi; }
     for label in shipped "$other"; do
-      t="$PWD/configs/$GPU_TABLE"; [ "$label" = "$other" ] && t=$new_table
-      FP8PROJ_TUNE_FILE=$t run "table_ab_explain_$label" 60 "$FP8" explain --model glm5,deepseek-v3 --tp 1,8 \
+      FP8PROJ_TUNE_FILE=$(table_of "$label") run "table_ab_explain_$label" 60 "$FP8" explain --model glm5,deepseek-v3 --tp 1,8 \
         --m 1,16,32,64 --fp8 --policy all
     done
     for round in $(seq 1 "${TABLE_AB_ROUNDS:-2}"); do
       for model in deepseek-v3 glm5; do
         for label in shipped "$other"; do
-          t="$PWD/configs/$GPU_TABLE"; [ "$label" = "$other" ] && t=$new_table
-          FP8PROJ_TUNE_FILE=$t run "table_ab_${model}_${label}_r$round" 120 "$FP8" layer --model "$model" --tp 1,8 \
+          FP8PROJ_TUNE_FILE=$(table_of "$label") run "table_ab_${model}_${label}_r$round" 120 "$FP8" layer --model "$model" --tp 1,8 \
             --seqs 16,64 --seqlen 1024 --fp8-all-dense --policy all --reps 50 --no-prefill \
             --json "$R/table_ab/layer_${model}_${label}_r$round.json" >/dev/null
         done

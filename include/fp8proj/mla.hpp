@@ -205,6 +205,12 @@ struct MlaDecodeBatch {
 enum class MlaProjection : uint8_t { fused_qkv_a, q_b_proj, kv_b_proj, o_proj };
 const char* to_string(MlaProjection which);
 
+// How MlaBlock calls `which`: behind a norm that writes its input, fused with the 1x128
+// quantization on the FP8 path (InputLayout::bf16_rmsnorm: q_b_proj after q_a_layernorm when the
+// model has a q LoRA; fused_qkv_a after the input norm when the block starts from the residual
+// stream), else on bf16 rows. The gate takes the bucket's GEMM-alone verdict for the former.
+InputLayout mla_input_layout(const MlaConfig& cfg, MlaProjection which, bool residual_input);
+
 struct MlaProjectionExplanation {
   MlaProjection which = MlaProjection::fused_qkv_a;
   std::string name;  // "q_b_proj" ("q_proj" without q LoRA)

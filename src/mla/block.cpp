@@ -37,6 +37,12 @@ const char* to_string(MlaStage stage) {
   return "?";
 }
 
+InputLayout mla_input_layout(const MlaConfig& cfg, MlaProjection which, bool residual_input) {
+  const bool normed = (which == MlaProjection::q_b_proj && cfg.has_q_lora()) ||
+                      (which == MlaProjection::fused_qkv_a && residual_input);
+  return normed ? InputLayout::bf16_rmsnorm : InputLayout::bf16_rows;
+}
+
 const char* to_string(MlaProjection which) {
   switch (which) {
     case MlaProjection::fused_qkv_a: return "fused_qkv_a";
@@ -93,11 +99,7 @@ struct MlaBlock::Impl {
   ProjectionLayer& layer(MlaProjection which) const;
   // How project_inputs calls `which`: q_b_proj (with q LoRA) and, from the residual stream,
   // fused_qkv_a behind a norm that writes their input (forward_rmsnorm); the rest forward().
-  InputLayout layout(MlaProjection which) const {
-    const bool normed = (which == MlaProjection::q_b_proj && cfg.has_q_lora()) ||
-                        (which == MlaProjection::fused_qkv_a && opt.residual_input);
-    return normed ? InputLayout::bf16_rmsnorm : InputLayout::bf16_rows;
-  }
+  InputLayout layout(MlaProjection which) const { return mla_input_layout(cfg, which, opt.residual_input); }
   void check_common(const bf16* x, const bf16* y, const char* what) const;
   // The block's input: x itself, or rmsnorm(residual) * norm done inside fused_qkv_a's input pass.
   struct Input {

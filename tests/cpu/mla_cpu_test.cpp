@@ -265,6 +265,23 @@ std::vector<bf16> run_prefill(MlaBlock& block, const std::vector<bf16>& x, const
 
 // ---- tests -------------------------------------------------------------------------------------
 
+// Which projections the block calls behind a norm that writes their FP8 input (the gate then takes
+// the GEMM-alone verdict; `fp8proj explain` shows it): q_b_proj only with a q LoRA, fused_qkv_a only
+// from the residual stream.
+TEST(MlaConfig, InputLayoutOfEachProjection) {
+  for (const char* model : {"glm5", "deepseek-v3"}) {
+    const MlaConfig c = MlaConfig::preset(model);
+    EXPECT_EQ(mla_input_layout(c, MlaProjection::q_b_proj, false), InputLayout::bf16_rmsnorm) << model;
+    EXPECT_EQ(mla_input_layout(c, MlaProjection::fused_qkv_a, false), InputLayout::bf16_rows) << model;
+    EXPECT_EQ(mla_input_layout(c, MlaProjection::fused_qkv_a, true), InputLayout::bf16_rmsnorm) << model;
+    EXPECT_EQ(mla_input_layout(c, MlaProjection::o_proj, true), InputLayout::bf16_rows) << model;
+    EXPECT_EQ(mla_input_layout(c, MlaProjection::kv_b_proj, true), InputLayout::bf16_rows) << model;
+  }
+  // DeepSeek-V2-Lite has no q LoRA: its q_proj reads the block's input as it is.
+  EXPECT_EQ(mla_input_layout(MlaConfig::preset("deepseek-v2-lite"), MlaProjection::q_b_proj, false),
+            InputLayout::bf16_rows);
+}
+
 TEST(MlaConfig, PresetsAndYarn) {
   const MlaConfig v3 = MlaConfig::preset("deepseek-v3");
   EXPECT_EQ(v3.q_dim(), 24576);

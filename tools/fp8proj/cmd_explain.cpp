@@ -5,6 +5,7 @@
 
 #include "commands.hpp"
 #include "common.hpp"
+#include "fp8proj/mla.hpp"
 #include "fp8proj/projection.hpp"
 
 namespace fp8proj::cli {
@@ -19,6 +20,15 @@ struct ExplainArgs {
   std::string policy;
   bool cpu = false;
 };
+
+// The input the MLA block gives a model's projection (a block starting from its input, not the
+// residual stream); bf16 rows for an explicit --shape (gemm "gemm", no projection of the block).
+InputLayout block_input(const ProjectionShape& s) {
+  for (MlaProjection which : {MlaProjection::fused_qkv_a, MlaProjection::q_b_proj, MlaProjection::kv_b_proj,
+                              MlaProjection::o_proj})
+    if (s.gemm == to_string(which)) return mla_input_layout(MlaConfig::preset(s.model, s.tp), which, false);
+  return InputLayout::bf16_rows;
+}
 
 void run_explain(const ExplainArgs& a) {
   const MemorySpace space = choose_space(a.cpu);
@@ -51,11 +61,10 @@ void run_explain(const ExplainArgs& a) {
                "workspace {:.1f} MiB\n",
                mem.bf16_weight / 1048576.0, mem.fp8_values / 1048576.0, mem.fp8_scales / 1024.0,
                100.0 * mem.fp8_overhead(), mem.workspace / 1048576.0);
-    // q_b_proj's input is written by q_a_layernorm, fused with its 1x128 quantization (the MLA
-    // block and the Python patch call it so): the FP8 path pays no quantization of its own, and the
-    // gate follows the bucket's GEMM-alone time. Where the block's verdict differs from the one on
-    // bf16 rows (e.g. a module called on bf16 activations), both are shown.
-    const bool behind_norm = s.gemm == "q_b_proj";
+    // As the MLA block calls it (mla_input_layout): behind a norm that writes its FP8 input, the
+    // gate follows the bucket's GEMM-alone time. Where that verdict differs from the one on bf16
+    // rows (e.g. a module called on bf16 activations), both are shown.
+    const bool behind_norm = block_input(s) == InputLayout::bf16_rmsnorm;
     if (behind_norm) fmt::print("  as the MLA block calls it: behind q_a_layernorm, which writes its FP8 input\n");
     for (int64_t m : ms) {
       const Explanation rows = layer.explain(m);

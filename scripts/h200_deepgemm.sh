@@ -104,12 +104,12 @@ if (( both_ways )); then
 fi
 if [[ -n ${NCU_PROBLEM:-} ]] && command -v ncu >/dev/null; then
   IFS=, read -r n k m <<<"$NCU_PROBLEM"
-  for who in deepgemm:sm90_fp8_gemm_1d2d_impl fp8proj:sm90_fp8_gemm_1d2d_kernel; do
+  for who in deepgemm:sm90_fp8_gemm_1d2d_impl "fp8proj:sm90_fp8_gemm_(1d2d|swapab)_kernel"; do
     ncu --clock-control none -k "regex:${who#*:}" --launch-skip 2 --launch-count 1 --section SpeedOfLight \
       --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats \
       --section SchedulerStats --section LaunchStats --section Occupancy \
       --metrics sm__cycles_active.min,sm__cycles_active.max,sm__cycles_active.avg,sm__cycles_elapsed.max \
-      python3 scripts/compare_deepgemm.py --lib "$lib" --only "$n,$k" --m "$m" --reps 2 --warmup 1 \
+      python3 scripts/compare_deepgemm.py --lib "$lib" --shapes "$n,$k" --m "$m" --reps 2 --warmup 1 \
       --out "$OUT/ncu_tmp" >"$OUT/ncu_${who%%:*}_${n}x${k}x${m}.log" 2>&1 || echo "ncu ${who%%:*} failed"
   done
   rm -rf "$OUT/ncu_tmp"
